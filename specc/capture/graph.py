@@ -1,0 +1,124 @@
+"""StepGraph: an exported step graph as an editable FX GraphModule plus its I/O contract.
+
+Passes edit `gm` (adding inputs, outputs and nodes); `export()` traces the edited module
+again with `torch.export`, so every backend lowers an ordinary ExportedProgram.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.export import Dim, ExportedProgram
+from torch.fx import GraphModule, Node
+
+from .export import AXES, DimRanges, ModelDims, example_inputs
+from .step_decoder import INPUT_NAMES, OUTPUT_NAMES, StepDecoder
+
+
+@dataclass
+class InputSpec:
+    name: str
+    example: torch.Tensor
+    dims: dict[int, str]  # axis -> name of a range in DimRanges
+
+    def signature(self, ranges: DimRanges) -> dict:
+        shape = [self.dims.get(i, int(s)) for i, s in enumerate(self.example.shape)]
+        return {"name": self.name, "dtype": str(self.example.dtype).removeprefix("torch."), "shape": shape}
+
+
+def export_module(module: torch.nn.Module, inputs: list[InputSpec], ranges: DimRanges) -> ExportedProgram:
+    """`torch.export` with positional example inputs, each axis dynamic over its named range."""
+    bounds = ranges.to_dict()
+    made: dict[str, Dim] = {}
+
+    def dim(name: str) -> Dim:
+        if name not in made:
+            made[name] = Dim(name, min=bounds[name][0], max=bounds[name][1])
+        return made[name]
+
+    shapes = tuple({axis: dim(n) for axis, n in i.dims.items()} or None for i in inputs)
+    with torch.no_grad():
+        return torch.export.export(module, tuple(i.example for i in inputs), dynamic_shapes=shapes, strict=False)
+
+
+def capture(role: str, hf_model: torch.nn.Module, ranges: DimRanges) -> "StepGraph":
+    """Wrap a Hugging Face causal LM as a step graph and trace it."""
+    decoder = StepDecoder(hf_model).eval()
+    dtype = next(hf_model.parameters()).dtype
+    dims = ModelDims.of(decoder, dtype)
+    examples = example_inputs(dims, dtype)
+    inputs = [InputSpec(name, examples[name], dict(AXES[name])) for name in INPUT_NAMES]
+    ep = export_module(decoder, inputs, ranges)
+    return StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)
+
+
+@dataclass
+class StepGraph:
+    """One graph of a bundle (target or draft) while it moves through the pass pipeline."""
+
+    role: str
+    gm: GraphModule
+    inputs: list[InputSpec]
+    outputs: list[str]
+    ranges: DimRanges
+    dims: ModelDims
+    notes: list[str] = field(default_factory=list)  # what each pass did, for the manifest
+
+    @classmethod
+    def from_exported(cls, role: str, ep: ExportedProgram, inputs: list[InputSpec], outputs: list[str],
+                      ranges: DimRanges, dims: ModelDims) -> "StepGraph":
+        gm = ep.module()
+        for node in list(gm.graph.nodes):
+            if node.op == "call_module" and node.target == "_guards_fn":
+                gm.graph.erase_node(node)
+        gm.graph._codegen = torch.fx.graph.CodeGen()  # plain positional signature, editable
+        gm.recompile()
+        return cls(role, gm, inputs, outputs, ranges, dims)
+
+    # -- editing helpers used by passes -------------------------------------------------
+    def placeholder(self, name: str) -> Node:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder" and node.name == name:
+                return node
+        raise KeyError(f"{self.role} graph has no input {name!r}; inputs: {[i.name for i in self.inputs]}")
+
+    def add_input(self, spec: InputSpec) -> Node:
+        """Append a graph input after the existing ones."""
+        last = [n for n in self.gm.graph.nodes if n.op == "placeholder"][-1]
+        with self.gm.graph.inserting_after(last):
+            node = self.gm.graph.placeholder(spec.name)
+        node.meta["val"] = spec.example
+        self.inputs.append(spec)
+        return node
+
+    def output_nodes(self) -> list[Node]:
+        (out,) = self.gm.graph.find_nodes(op="output")
+        return list(out.args[0])
+
+    def set_outputs(self, names: list[str], nodes: list[Node]) -> None:
+        (out,) = self.gm.graph.find_nodes(op="output")
+        out.args = (tuple(nodes),)
+        self.outputs = list(names)
+
+    def finish_edit(self) -> None:
+        """Remove dead nodes, lint the graph and regenerate code after a pass."""
+        self.gm.graph.eliminate_dead_code()
+        self.gm.graph.lint()
+        self.gm.delete_all_unused_submodules()
+        self.gm.recompile()
+
+    # -- export -------------------------------------------------------------------------
+    def export(self) -> ExportedProgram:
+        return export_module(self.gm, self.inputs, self.ranges)
+
+    def signature(self) -> dict:
+        return {"inputs": [i.signature(self.ranges) for i in self.inputs], "outputs": list(self.outputs)}
+
+    def summary(self) -> dict:
+        """Op counts, inputs and outputs of the graph, for `--dump-graphs`."""
+        ops: dict[str, int] = {}
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function":
+                key = str(node.target)
+                ops[key] = ops.get(key, 0) + 1
+        return {"role": self.role, **self.signature(), "op_counts": dict(sorted(ops.items())), "notes": self.notes}

@@ -1,0 +1,217 @@
+"""The `specc` command line. User errors print one message and exit with code 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import SpeccError
+
+
+def _recipe_help() -> str:
+    from .recipe import describe_schema
+
+    return "recipe fields (YAML; see recipes/README.md and recipes/quickstart.yaml):\n" + "\n".join(describe_schema())
+
+
+def cmd_compile(args) -> int:
+    from .compiler import compile_recipe
+    from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    path = compile_recipe(recipe, output=args.output, dump_graphs=args.dump_graphs, progress=not args.quiet)
+    print(f"bundle written to {path}")
+    return 0
+
+
+def _load(args):
+    from . import load
+
+    return load(args.bundle, verify=not getattr(args, "no_verify", False))
+
+
+def _read_prompts(args) -> list[dict]:
+    from .bench import read_prompts
+
+    prompts = [{"prompt": p, "chat": args.chat} for p in (args.prompt or [])]
+    if args.prompts:
+        prompts += read_prompts(args.prompts, default_chat=args.chat)
+    if not prompts:
+        raise SpeccError("give at least one --prompt TEXT or --prompts FILE")
+    return prompts
+
+
+def _sampling_kwargs(args) -> dict:
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+    }
+
+
+def cmd_generate(args) -> int:
+    from .report import format_run_stats
+
+    model = _load(args)
+    items = _read_prompts(args)
+    kwargs = dict(_sampling_kwargs(args), stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
+    texts: dict[int, str] = {}
+    for chat in sorted({it["chat"] for it in items}):
+        idx = [i for i, it in enumerate(items) if it["chat"] == chat]
+        if args.stream:
+            for ev in model.stream([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
+                if len(items) == 1:
+                    print(ev.text, end="", flush=True)
+                texts[idx[ev.index]] = texts.get(idx[ev.index], "") + ev.text
+            if len(items) == 1:
+                print()
+        else:
+            for c in model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
+                texts[idx[c.index]] = c.text
+        stats = model.last_stats.to_dict()
+    if args.json:
+        print(json.dumps({"completions": [texts[i] for i in range(len(items))], "stats": stats}, indent=2))
+        return 0
+    if not (args.stream and len(items) == 1):
+        for i in range(len(items)):
+            print(f"--- [{i}] {items[i]['prompt'][:60]!r}\n{texts[i]}")
+    print(format_run_stats(stats, speculative=not args.no_speculation and model.can_speculate), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    model = _load(args)
+    items = _read_prompts(args)
+    run_bench(model, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [None], repeats=args.repeats,
+              json_path=args.json, batch_size=args.batch_size, seed=args.seed)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .bundle import open_bundle
+    from .report import format_manifest
+
+    bundle = open_bundle(args.bundle, verify=not args.no_verify)
+    if args.json:
+        print(json.dumps(bundle.manifest, indent=2))
+    else:
+        print(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .report import doctor_report
+
+    print(doctor_report())
+    return 0
+
+
+def cmd_passes(args) -> int:
+    from .passes import describe_passes
+
+    print(describe_passes())
+    return 0
+
+
+def cmd_models(args) -> int:
+    from .models import catalog
+
+    if args.action == "list":
+        for m in catalog.CATALOG.values():
+            print(f"{m.name:<30} {catalog.status(m.name):<16} {m.description}")
+        return 0
+    path = catalog.pull(args.name)
+    print(f"{args.name}: {path}")
+    return 0
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the recipe's)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_prompts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+    p.add_argument("--prompts", type=Path, help="file: JSON lines {\"prompt\": ..., \"chat\": bool} or one prompt per line")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to plain prompts")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specc", description="Compile and run speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specc {__import__('specc').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="build a bundle from a recipe", epilog=_recipe_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", type=Path)
+    p.add_argument("-o", "--output", type=Path, help="bundle directory (default: the recipe's output)")
+    p.add_argument("--dump-graphs", type=Path, help="write each graph's summary and code after the passes here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("generate", help="generate text with a bundle")
+    p.add_argument("bundle", type=Path)
+    _add_prompts(p)
+    _add_sampling(p)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    p.add_argument("--no-speculation", action="store_true", help="target only, on the same compiled target")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per round (default: the recipe's)")
+    p.add_argument("--json", action="store_true", help="print completions and stats as JSON")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="speculative vs target-only on the same prompts, in one run")
+    p.add_argument("bundle", type=Path)
+    _add_prompts(p)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, action="append", help="speculation length to measure (repeatable)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("inspect", help="show a bundle's manifest")
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-verify", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("doctor", help="which backends, devices and versions this machine has")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("passes", help="list the graph passes with their contracts")
+    p.set_defaults(func=cmd_passes)
+
+    p = sub.add_parser("models", help="the offline model catalog")
+    msub = p.add_subparsers(dest="action", required=True)
+    msub.add_parser("list", help="catalog models and whether they are pulled")
+    pull = msub.add_parser("pull", help="download, assemble, verify and convert a catalog model")
+    pull.add_argument("name")
+    p.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpeccError as exc:
+        print(f"specc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""`specc compile`: recipe → models → step graphs → passes → engines → bundle."""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .backends import LowerOptions, get_backend
+from .bundle import BundleWriter
+from .capture.export import ModelDims, dim_ranges, example_inputs
+from .capture.graph import StepGraph, capture
+from .errors import SpeccError
+from .models.load import check_same_tokenizer, load_model
+from .passes import build_pipeline
+from .progress import Stages
+from .recipe import Recipe
+
+NUMERICS_TOLERANCE = 1e-4  # max |engine - eager| / max(1, max |eager|) over every output
+
+
+@dataclass
+class PlannedGraph:
+    graph: StepGraph
+    options: LowerOptions
+    lower_from: str  # role whose exported program is lowered (a quantised target reuses "target")
+
+
+def _eos_ids(loaded) -> list[int]:
+    ids = loaded.model.generation_config.eos_token_id if loaded.model.generation_config else None
+    ids = list(ids) if isinstance(ids, (list, tuple)) else ([ids] if ids is not None else [])
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.append(loaded.tokenizer.eos_token_id)
+    return sorted(set(int(i) for i in ids))
+
+
+def _compare(graph: StepGraph, runner, quantized: bool) -> dict:
+    """Run eager and engine on the same random inputs; return the error figures."""
+    torch.manual_seed(0)
+    inputs = example_inputs(graph.dims, getattr(torch, graph.dims.dtype), batch=2, tokens=3, cache=5)
+    extra = [i.example for i in graph.inputs[len(inputs):]]
+    args = [inputs[i.name] for i in graph.inputs[: len(inputs)]] + extra
+    with torch.no_grad():
+        eager = graph.gm(*args)
+    got = runner(*args)
+    worst = 0.0
+    for name, a, b in zip(graph.outputs, eager, got):
+        a, b = a.detach().float().cpu(), b.float().cpu()
+        if a.shape != b.shape:
+            raise SpeccError(f"{graph.role} engine output {name!r} has shape {tuple(b.shape)}, eager torch {tuple(a.shape)}")
+        if a.numel():
+            worst = max(worst, ((a - b).abs().max() / max(1.0, a.abs().max().item())).item())
+    result = {"max_rel_diff": worst, "tolerance": NUMERICS_TOLERANCE, "inputs": "random, batch 2, tokens 3, cache 5"}
+    if quantized:
+        result["top1_agreement"] = (eager[0].argmax(-1) == got[0].argmax(-1)).float().mean().item()
+    elif worst > NUMERICS_TOLERANCE:
+        raise SpeccError(
+            f"{graph.role} engine differs from eager torch by {worst:.2e} (relative), above {NUMERICS_TOLERANCE:.0e}; "
+            "the lowering is wrong, the bundle was not written"
+        )
+    return result
+
+
+def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs: str | Path | None = None,
+                   progress: bool = True) -> Path:
+    """Build the bundle a recipe describes; returns its path. Nothing is written on failure."""
+    backend = get_backend(recipe.backend)
+    method = recipe.draft.method
+    draft_graph = method in ("model", "quantized", "early_exit")
+    n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
+    stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
+    writer = BundleWriter(Path(output or recipe.output))
+    ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)
+    base_options = LowerOptions(precision=recipe.precision, device=recipe.device)
+    try:
+        with stages.stage("load target"):
+            target = load_model(recipe.target.model, recipe.target.dtype)
+        draft = None
+        if method == "model":
+            with stages.stage("load draft"):
+                draft = load_model(recipe.draft.model, recipe.target.dtype)
+                check_same_tokenizer(target.tokenizer, draft.tokenizer, recipe.target.model, recipe.draft.model)
+
+        with stages.stage("export target"):
+            plan = {"target": PlannedGraph(capture("target", target.model, ranges), base_options, "target")}
+        if draft_graph:
+            with stages.stage("export draft"):
+                plan["draft"] = _plan_draft(recipe, plan["target"].graph, draft, base_options, ranges)
+
+        with stages.stage("passes"):
+            for role, planned in plan.items():
+                if planned.lower_from == role:
+                    for graph_pass in build_pipeline(recipe, role):
+                        graph_pass(planned.graph)
+            if dump_graphs:
+                _dump(plan, Path(dump_graphs))
+
+        programs, entries = {}, {}
+        for role, planned in plan.items():
+            with stages.stage(f"lower {role}"):
+                source = plan[planned.lower_from].graph
+                if planned.lower_from not in programs:
+                    programs[planned.lower_from] = source.export()
+                entries[role] = backend.lower(programs[planned.lower_from], writer.graph_dir(role),
+                                              [i.name for i in source.inputs], source.outputs, planned.options)
+
+        with stages.stage("verify numerics"):
+            for role, planned in plan.items():
+                graph = plan[planned.lower_from].graph
+                entry = _graph_entry(role, graph, entries[role], planned)
+                runner = backend.load(writer.graph_dir(role), entry, planned.options)
+                entry["numerics"] = _compare(graph, runner, planned.options.quantize is not None)
+                entries[role] = entry
+
+        with stages.stage("write bundle"):
+            target.tokenizer.save_pretrained(writer.root / "tokenizer")
+            manifest = {
+                "backend": recipe.backend,
+                "recipe": recipe.to_dict(),
+                "versions": _versions(entries),
+                "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
+                "draft": {"method": method, "graph": "draft" if draft_graph else None},
+                "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
+                "graphs": entries,
+                "compile_seconds": stages.timings,
+            }
+            path = writer.finish(manifest)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        stages.close()
+    return path
+
+
+def _plan_draft(recipe: Recipe, target_graph: StepGraph, draft, base: LowerOptions, ranges) -> PlannedGraph:
+    method = recipe.draft.method
+    quant = LowerOptions(base.precision, base.device, recipe.draft.quantize)
+    if method == "quantized":
+        return PlannedGraph(target_graph, quant, "target")
+    if method == "model":
+        return PlannedGraph(capture("draft", draft.model, ranges), quant, "draft")
+    raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, prompt_lookup, none")
+
+
+def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGraph) -> dict:
+    return {
+        "dir": role,
+        **lowered,
+        **graph.signature(),
+        "ranges": graph.ranges.to_dict(),
+        "model": graph.dims.to_dict(),
+        "quantize": planned.options.quantize,
+        "passes": list(graph.notes),
+    }
+
+
+def _versions(entries: dict) -> dict:
+    versions = {"specc": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    for entry in entries.values():
+        versions.update(entry.get("versions", {}))
+    return versions
+
+
+def _dump(plan: dict, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for role, planned in plan.items():
+        if planned.lower_from == role:
+            (directory / f"{role}.json").write_text(json.dumps(planned.graph.summary(), indent=2, default=str))
+            (directory / f"{role}.py").write_text(planned.graph.gm.code)
+
+
+__all__ = ["compile_recipe", "ModelDims"]

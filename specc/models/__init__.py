@@ -1,0 +1,1 @@
+"""Model sources: the offline catalog, local Hugging Face directories and GGUF files."""

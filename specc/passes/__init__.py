@@ -1,0 +1,27 @@
+"""Graph passes over step graphs, one per module, run in an explicit order built from the recipe."""
+from __future__ import annotations
+
+from ..recipe import Recipe
+from .base import GraphPass, PassContractError
+
+
+def build_pipeline(recipe: Recipe, role: str) -> list[GraphPass]:
+    """The ordered passes for one graph ("target" or "draft") of this recipe."""
+    return []
+
+
+def describe_passes() -> str:
+    """Every pass with its contract, for `specc passes`."""
+    lines = []
+    for cls in ALL_PASSES:
+        p = cls.__new__(cls)
+        lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
+        lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
+        del p
+    return "\n".join(lines) if lines else "no passes registered"
+
+
+ALL_PASSES: list[type[GraphPass]] = []
+
+__all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

@@ -1,0 +1,60 @@
+"""What a graph pass is: a named rewrite of a StepGraph that states its contract.
+
+`requires` and `ensures` name graph properties (inputs, outputs, structures) checked
+before and after the pass, so a pipeline in the wrong order fails at compile time with
+a message naming the pass, not with a wrong engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..capture.graph import StepGraph
+
+
+@dataclass(frozen=True)
+class GraphProperty:
+    name: str
+    check: Callable[[StepGraph], bool]
+    doc: str
+
+
+def has_input(name: str) -> GraphProperty:
+    return GraphProperty(f"input:{name}", lambda g: any(i.name == name for i in g.inputs), f"graph input {name!r}")
+
+
+def has_output(name: str) -> GraphProperty:
+    return GraphProperty(f"output:{name}", lambda g: name in g.outputs, f"graph output {name!r}")
+
+
+def lacks_output(name: str) -> GraphProperty:
+    return GraphProperty(f"no-output:{name}", lambda g: name not in g.outputs, f"no graph output {name!r}")
+
+
+@dataclass
+class GraphPass:
+    """Subclasses set name/requires/ensures and implement `apply`, which edits the graph in place."""
+
+    requires: tuple[GraphProperty, ...] = field(default=(), init=False)
+    ensures: tuple[GraphProperty, ...] = field(default=(), init=False)
+    name: str = field(default="", init=False)
+
+    def apply(self, graph: StepGraph) -> str:
+        """Rewrite graph; return one line saying what changed."""
+        raise NotImplementedError
+
+    def __call__(self, graph: StepGraph) -> str:
+        for prop in self.requires:
+            if not prop.check(graph):
+                raise PassContractError(f"pass {self.name} requires {prop.doc} in the {graph.role} graph, which it lacks")
+        note = self.apply(graph)
+        graph.finish_edit()
+        for prop in self.ensures:
+            if not prop.check(graph):
+                raise PassContractError(f"pass {self.name} promised {prop.doc} in the {graph.role} graph but did not deliver it")
+        graph.notes.append(f"{self.name}: {note}")
+        return note
+
+
+class PassContractError(RuntimeError):
+    """A pass ran on a graph that does not meet its contract (a pipeline-ordering bug)."""

@@ -1,0 +1,228 @@
+"""The recipe: one validated schema for what `specc compile` builds.
+
+Every field is declared once, with its type, default, allowed values and help text;
+validation, `specc compile --help` and the defaults written into bundles all come from
+these declarations. Errors name the field path and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RecipeError
+
+BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
+DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "none")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _f(default: Any, help: str, *, choices: tuple = (), lo: float | None = None, hi: float | None = None):
+    """A recipe field: default, help text and constraints in one place."""
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda: _copy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _copy(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value)
+    return type(value)(value)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    model: str = _f(None, "catalog name (`specc models list`), Hugging Face model directory, or .gguf file")
+    dtype: str = _f("float32", "weights and activations dtype of the traced graph", choices=("float32", "float16", "bfloat16"))
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    method: str = _f("model", "how draft tokens are proposed", choices=DRAFT_METHODS)
+    model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
+    quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8",))
+    layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1)
+    adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
+    max_ngram: int = _f(3, "method: prompt_lookup — longest n-gram matched against the context", lo=1, hi=16)
+    min_ngram: int = _f(1, "method: prompt_lookup — shortest n-gram tried before giving up", lo=1, hi=16)
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    paths: list | None = _f(None, "static tree: list of branch paths, e.g. [[0], [1], [0, 0]] (Medusa choices)")
+    depth: int = _f(4, "dynamic tree: levels drafted", lo=1, hi=16)
+    branching: int = _f(2, "dynamic tree: children kept per node (top-k of the draft)", lo=1, hi=8)
+    max_nodes: int = _f(16, "dynamic tree: most draft nodes verified in one target pass", lo=1, hi=128)
+
+
+@dataclass(frozen=True)
+class SpeculationSpec:
+    mode: str = _f("chain", "chain: k tokens in a row; tree: a token tree verified in one pass", choices=("chain", "tree"))
+    k: int = _f(4, "chain mode: draft tokens per round", lo=1, hi=16)
+    tree: TreeSpec = _f(TreeSpec(), "tree mode: shape of the token tree")
+    verify_head: bool = _f(False, "compute acceptance inside the target graph (verification-head pass)")
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = _f(0.0, "0 means greedy", lo=0.0, hi=100.0)
+    top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all", lo=0)
+    top_p: float = _f(1.0, "nucleus sampling mass; 1 keeps all", lo=0.0, hi=1.0)
+
+
+@dataclass(frozen=True)
+class LimitsSpec:
+    max_batch: int = _f(8, "most rows generated together", lo=1, hi=1024)
+    max_context: int = _f(2048, "most tokens (prompt + generated) per row", lo=16, hi=131072)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    target: TargetSpec = _f(TargetSpec(), "the model whose output distribution is kept exactly")
+    draft: DraftSpec = _f(DraftSpec(), "the cheap proposer")
+    speculation: SpeculationSpec = _f(SpeculationSpec(), "shape of each speculative round")
+    sampling: SamplingSpec = _f(SamplingSpec(), "defaults for generate; requests may override")
+    limits: LimitsSpec = _f(LimitsSpec(), "shape ranges the graphs are compiled for")
+    backend: str = _f("onnxruntime", "engine the graphs are lowered to", choices=BACKENDS)
+    precision: str = _f("fp32", "engine precision (fp16/bf16 for GPU backends)", choices=PRECISIONS)
+    device: str = _f("cpu", "device the engines run on", choices=("cpu", "cuda"))
+    output: str = _f("bundles/out", "bundle directory written by `specc compile` (relative to the current directory)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list"}.get(tp, str(tp))
+
+
+def _check_value(path: str, value: Any, tp: Any, meta: dict) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        tp = args[0]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
+    if not ok:
+        raise RecipeError(path, f"expected {_type_name(tp)}, got {value!r}")
+    if meta.get("choices") and value not in meta["choices"]:
+        raise RecipeError(path, f"{value!r} is not allowed; allowed: {', '.join(map(str, meta['choices']))}")
+    if meta.get("lo") is not None and value < meta["lo"]:
+        raise RecipeError(path, f"{value!r} is below the minimum {meta['lo']}")
+    if meta.get("hi") is not None and value > meta["hi"]:
+        raise RecipeError(path, f"{value!r} is above the maximum {meta['hi']}")
+    return value
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise RecipeError(path or "<root>", f"expected a mapping of fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+        raise RecipeError(where, f"unknown field; allowed here: {', '.join(names)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            sub = f"{path}.{f.name}" if path else f.name
+            kwargs[f.name] = _check_value(sub, data[f.name], hints[f.name], dict(f.metadata))
+    return cls(**kwargs)
+
+
+def _check_consistency(r: Recipe) -> None:
+    if not r.target.model:
+        raise RecipeError("target.model", "required: a catalog name, Hugging Face model directory or .gguf file")
+    d = r.draft
+    if d.method == "model" and not d.model:
+        raise RecipeError("draft.model", "required when draft.method is 'model'")
+    if d.method == "early_exit" and d.layer is None:
+        raise RecipeError("draft.layer", "required when draft.method is 'early_exit'")
+    if d.method != "model" and d.model:
+        raise RecipeError("draft.model", f"only used with draft.method 'model', not {d.method!r}")
+    if d.quantize and d.method not in ("model", "quantized"):
+        raise RecipeError("draft.quantize", "only applies to draft.method 'model' or 'quantized'")
+    if d.method == "quantized" and not d.quantize:
+        raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8)")
+    if d.quantize and r.backend != "onnxruntime":
+        raise RecipeError("draft.quantize", f"int8 draft graphs need backend 'onnxruntime', not {r.backend!r}")
+    if d.min_ngram > d.max_ngram:
+        raise RecipeError("draft.min_ngram", f"{d.min_ngram} is above draft.max_ngram ({d.max_ngram})")
+    if r.device == "cuda" and r.backend == "onnxruntime":
+        raise RecipeError("device", "backend 'onnxruntime' runs on cpu in specc; use tensorrt, torch_tensorrt, aoti or torch for cuda")
+    if r.backend in ("tensorrt", "torch_tensorrt") and r.device != "cuda":
+        raise RecipeError("device", f"backend {r.backend!r} needs device 'cuda'")
+    if r.precision != "fp32" and r.device == "cpu":
+        raise RecipeError("precision", f"{r.precision!r} is for GPU backends; on cpu use fp32")
+    if r.speculation.mode == "tree" and d.method == "none":
+        raise RecipeError("speculation.mode", "tree speculation needs a draft method other than 'none'")
+
+
+def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:
+    """Validate a recipe mapping; raises RecipeError naming the field and what is allowed."""
+    if data is None:
+        raise RecipeError("<root>", f"{source} is empty; it needs at least target.model")
+    recipe = _build(Recipe, data, "")
+    _check_consistency(recipe)
+    return recipe
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe YAML file; relative paths in it are resolved against its folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError("<file>", f"{path} does not exist or is not a file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError("<file>", f"{path} is not valid YAML: {exc}") from None
+    recipe = parse_recipe(data, str(path))
+    return resolve_paths(recipe, path.parent)
+
+
+def _resolve(value: str | None, base: Path) -> str | None:
+    """Make a path-like value absolute against base; catalog names stay as they are."""
+    if value is None:
+        return None
+    candidate = base / value
+    if not Path(value).is_absolute() and (candidate.exists() or "/" in value or value.endswith(".gguf")):
+        return str(candidate.resolve())
+    return value
+
+
+def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
+    """Return the recipe with model and adapter paths made absolute against base."""
+    target = dataclasses.replace(recipe.target, model=_resolve(recipe.target.model, base))
+    draft = dataclasses.replace(recipe.draft, model=_resolve(recipe.draft.model, base), adapter=_resolve(recipe.draft.adapter, base))
+    return dataclasses.replace(recipe, target=target, draft=draft)
+
+
+def describe_schema(cls: type = Recipe, prefix: str = "") -> list[str]:
+    """One line per recipe field: path, default, allowed values and help; for `specc compile --help`."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        tp = typing.get_type_hints(cls)[f.name]
+        meta = f.metadata
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"  {path}: {meta['help']}")
+            lines.extend(describe_schema(tp, path + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        allowed = f" [{'|'.join(map(str, meta['choices']))}]" if meta.get("choices") else ""
+        rng = ""
+        if meta.get("lo") is not None or meta.get("hi") is not None:
+            rng = f" [{meta.get('lo', '')}..{meta.get('hi') if meta.get('hi') is not None else ''}]"
+        lines.append(f"  {path} (default {default!r}){allowed}{rng}: {meta['help']}")
+    return lines

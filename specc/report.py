@@ -1,0 +1,95 @@
+"""Human-readable tables: run statistics, manifests, and the machine report of `specc doctor`."""
+from __future__ import annotations
+
+import importlib
+import platform
+from pathlib import Path
+
+
+def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A Markdown table (also readable in a terminal)."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    align = align or "l" + "r" * (len(headers) - 1)
+    line = lambda vals: "| " + " | ".join(v.ljust(w) if a == "l" else v.rjust(w) for v, w, a in zip(vals, widths, align)) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2)) for w, a in zip(widths, align)) + "|"
+    return "\n".join([line(headers), sep, *(line(r) for r in cells)])
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def format_run_stats(stats: dict, speculative: bool) -> str:
+    rows = [
+        ["new tokens", stats["new_tokens"]],
+        ["seconds", stats["seconds"]],
+        ["tokens/s", stats["tokens_per_second"]],
+        ["prefill / draft / target / host s",
+         " / ".join(f"{stats[k]:.3f}" for k in ("prefill_seconds", "draft_seconds", "target_seconds", "host_seconds"))],
+    ]
+    if speculative:
+        rows += [
+            ["acceptance rate", stats["acceptance_rate"]],
+            ["accepted drafts per round", stats["accepted_per_round"]],
+            ["tokens per target pass", stats["tokens_per_target_pass"]],
+            ["acceptance by position", " ".join(f"{a:.2f}" for a in stats["acceptance_by_position"] if a is not None)],
+        ]
+    return table(["stat", "value"], rows, "ll")
+
+
+def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
+    recipe = manifest["recipe"]
+    lines = [
+        f"bundle      {path}  ({'all files match their sha256' if verified else 'hashes not checked'})",
+        f"format      {manifest['format']} v{manifest['format_version']}, specc {manifest['specc_version']}",
+        f"backend     {manifest['backend']} on {recipe['device']}, precision {recipe['precision']}",
+        f"target      {manifest['models']['target']}",
+        f"draft       {manifest['draft']['method']}" + (f" ({manifest['models']['draft']})" if manifest["models"].get("draft") else ""),
+        f"speculation {recipe['speculation']['mode']}, k={recipe['speculation']['k']}",
+        f"limits      max_batch {recipe['limits']['max_batch']}, max_context {recipe['limits']['max_context']}",
+        "versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
+    ]
+    for role, g in manifest["graphs"].items():
+        size = sum(manifest["files"][f"{g['dir']}/{f}"]["bytes"] for f in g["files"] if f"{g['dir']}/{f}" in manifest["files"])
+        lines.append(f"\ngraph {role}: {g['dir']}/{g['entry']} ({size / 1e6:.1f} MB)" + (f", quantize {g['quantize']}" if g.get("quantize") else ""))
+        m = g["model"]
+        lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}")
+        for i in g["inputs"]:
+            lines.append(f"  in  {i['name']:<14} {i['dtype']:<8} {i['shape']}")
+        lines.append(f"  out {', '.join(g['outputs'])}")
+        lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g["ranges"].items()))
+        for note in g.get("passes", []):
+            lines.append(f"  pass      {note}")
+        if "numerics" in g:
+            lines.append(f"  numerics  {g['numerics']}")
+    return "\n".join(lines)
+
+
+def _version(module: str) -> str | None:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:  # an absent or broken optional package is what doctor reports
+        return None
+
+
+def doctor_report() -> str:
+    import torch
+
+    from .backends import get_backend, names
+
+    lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}"]
+    cuda = torch.cuda.is_available()
+    lines.append(f"cuda: {torch.cuda.get_device_name(0) + ' (sm_%d%d)' % torch.cuda.get_device_capability(0) if cuda else 'no CUDA device'}")
+    rows = []
+    for name in names():
+        ok, detail = get_backend(name, check=False).availability()
+        rows.append([name, "yes" if ok else "no", detail])
+    lines.append(table(["backend", "available", "detail"], rows, "lll"))
+    for mod in ("transformers", "onnx", "onnxruntime", "onnxscript", "tensorrt", "torch_tensorrt", "tritonclient"):
+        lines.append(f"{mod:<16} {_version(mod) or 'not installed'}")
+    return "\n".join(lines)

@@ -1,0 +1,303 @@
+"""SpecModel: a loaded bundle that generates text with speculative rounds.
+
+One round (chain):  draft k tokens → verify k+1 on the target → accept → commit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence as Seq
+
+import torch
+
+from ..backends import LowerOptions, get_backend
+from ..bundle import Bundle, open_bundle
+from ..capture.export import ModelDims
+from ..errors import BundleError, RequestError
+from .drafters import ModelDrafter, choose
+from .kv_cache import KVCache
+from .sampling import SamplingParams, accept_greedy, accept_sampled, probs_from_logits
+from .state import Batch, RowStats, Sequence
+from .step import StepRunner, pad_right
+from .text import TextStream
+
+
+@dataclass
+class StreamEvent:
+    index: int  # which prompt
+    text: str  # newly released text
+    token_ids: list[int]  # newly generated tokens
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+
+
+@dataclass
+class Completion:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict
+
+
+@dataclass
+class RunStats:
+    """Aggregate figures of one generate call."""
+
+    requests: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0  # drafting, including the draft's own sampling
+    target_seconds: float = 0.0  # target passes after prefill (verify, or decode without speculation)
+    speculation: RowStats = field(default_factory=RowStats)
+
+    def merge(self, other: "RunStats") -> None:
+        for name in ("requests", "new_tokens", "seconds", "prefill_seconds", "draft_seconds", "target_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.speculation.merge(other.speculation)
+
+    def to_dict(self) -> dict:
+        host = self.seconds - self.draft_seconds - self.target_seconds - self.prefill_seconds
+        return {
+            "requests": self.requests,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.new_tokens / self.seconds if self.seconds else None,
+            "prefill_seconds": self.prefill_seconds,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "host_seconds": host,
+            **self.speculation.to_dict(),
+        }
+
+
+class SpecModel:
+    """Generate with a compiled bundle: `specc.load(path).generate(["prompt"])`."""
+
+    def __init__(self, bundle: Bundle):
+        self.bundle = bundle
+        m = bundle.manifest
+        recipe = m["recipe"]
+        self.device = torch.device(recipe.get("device", "cpu"))
+        self.backend = get_backend(m["backend"])
+        self.max_batch = recipe["limits"]["max_batch"]
+        self.max_context = recipe["limits"]["max_context"]
+        self.k = recipe["speculation"]["k"]
+        self.defaults = SamplingParams(**recipe["sampling"])
+        self.eos_ids = set(m["tokenizer"]["eos_token_ids"])
+        self.target = self._load_graph("target")
+        self.draft_method = m["draft"]["method"]
+        self.drafter = None
+        if m["draft"].get("graph"):
+            self.drafter = ModelDrafter(self._load_graph(m["draft"]["graph"]), self.max_context)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(bundle.path / m["tokenizer"]["dir"])
+        self.last_stats = RunStats()
+
+    def _load_graph(self, role: str) -> StepRunner:
+        entry = self.bundle.graph(role)
+        if entry is None:
+            raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
+        options = LowerOptions(self.bundle.recipe["precision"], str(self.device), entry.get("quantize"))
+        runner = self.backend.load(self.bundle.path / entry["dir"], entry, options)
+        return StepRunner(runner, ModelDims(**entry["model"]), self.device)
+
+    @property
+    def can_speculate(self) -> bool:
+        return self.drafter is not None
+
+    # -- public API -------------------------------------------------------------------
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **kwargs) -> list[Completion]:
+        """Generate for every prompt; keyword arguments as in `stream`."""
+        single = isinstance(prompts, str)
+        collected: dict[int, list] = {}
+        for ev in self.stream([prompts] if single else prompts, **kwargs):
+            text, ids, reason = collected.setdefault(ev.index, ["", [], None])
+            collected[ev.index] = [text + ev.text, ids + ev.token_ids, ev.finish_reason or reason]
+        return [Completion(i, *collected[i], stats=self._row_stats[i].to_dict()) for i in sorted(collected)]
+
+    def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
+               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
+               chat: bool = False) -> Iterator[StreamEvent]:
+        """Yield text as rounds complete. Rows are batched max_batch at a time.
+
+        prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
+        seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
+        same compiled target without drafting (the in-run baseline).
+        """
+        params = SamplingParams(
+            self.defaults.temperature if temperature is None else temperature,
+            self.defaults.top_k if top_k is None else top_k,
+            self.defaults.top_p if top_p is None else top_p,
+        ).validate()
+        k = self.k if k is None else k
+        speculative = speculative and self.can_speculate
+        encoded = self._encode(prompts, chat)
+        seeds = self._seeds(seed, len(encoded))
+        self._validate(encoded, max_new_tokens, k if speculative else 0, stop)
+        self.last_stats = stats = RunStats(requests=len(encoded))
+        self._row_stats = {}
+        start = time.perf_counter()
+        for lo in range(0, len(encoded), self.max_batch):
+            seqs = [
+                Sequence(i, encoded[i], max_new_tokens, torch.Generator().manual_seed(seeds[i]))
+                for i in range(lo, min(lo + self.max_batch, len(encoded)))
+            ]
+            yield from self._run(seqs, params, k, speculative, tuple(stop), stats)
+        stats.seconds = time.perf_counter() - start
+
+    # -- the loop ---------------------------------------------------------------------
+    def _run(self, seqs: list[Sequence], params: SamplingParams, k: int, speculative: bool,
+             stop: tuple[str, ...], stats: RunStats) -> Iterator[StreamEvent]:
+        texts = {s.index: TextStream(self.tokenizer, stop) for s in seqs}
+        batch, first = self._prefill(seqs, params, k if speculative else 0, stats)
+        yield from self._advance(batch, first, texts, stats)
+        while batch.seqs:
+            if speculative:
+                new_tokens = self._speculative_round(batch, k, params, stats)
+            else:
+                new_tokens = self._target_round(batch, params, stats)
+            yield from self._advance(batch, new_tokens, texts, stats)
+
+    def _prefill(self, seqs: list[Sequence], params: SamplingParams, k: int, stats: RunStats) -> tuple[Batch, list[list[int]]]:
+        """Run the prompts through the target (and draft); returns the batch and each row's first token."""
+        start = time.perf_counter()
+        ids, lengths = pad_right([s.prompt for s in seqs], self.device)
+        cache = KVCache(self.target.dims, len(seqs), self.max_context, self.device)
+        cache.ensure(int(lengths.max()) + k + 1)
+        batch = Batch(seqs, cache)
+        logits, new_k, new_v = self.target(ids, cache, logit_index=(lengths - 1)[:, None])
+        cache.commit(new_k, new_v, lengths)
+        token, _ = choose(logits[:, 0], params, batch.noise(1)[:, 0])
+        if k and self.drafter is not None:
+            self.drafter.prefill(batch, ids, lengths)
+        stats.prefill_seconds += time.perf_counter() - start
+        return batch, [[t] for t in token.tolist()]
+
+    def _target_round(self, batch: Batch, params: SamplingParams, stats: RunStats) -> list[list[int]]:
+        """The baseline: one target pass per token."""
+        cache = batch.cache
+        cache.ensure(int(cache.lengths.max()) + 1)
+        start = time.perf_counter()
+        logits, new_k, new_v = self.target(batch.pending[:, None], cache, logit_index=torch.zeros_like(cache.lengths)[:, None])
+        stats.target_seconds += time.perf_counter() - start
+        cache.commit(new_k, new_v, torch.ones_like(cache.lengths))
+        token, _ = choose(logits[:, 0], params, batch.noise(1)[:, 0])
+        return [[t] for t in token.tolist()]
+
+    def _speculative_round(self, batch: Batch, k: int, params: SamplingParams, stats: RunStats) -> list[list[int]]:
+        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
+        start = time.perf_counter()
+        draft, q, n_draft = self.drafter.propose(batch, k, params)
+        drafted = time.perf_counter()
+        cache = batch.cache
+        cache.ensure(int(cache.lengths.max()) + k + 1)
+        ids = torch.cat([batch.pending[:, None], draft], dim=1)
+        rows = torch.arange(k + 1, device=ids.device).expand(ids.shape[0], -1)
+        logits, new_k, new_v = self.target(ids, cache, logit_index=rows)
+        stats.draft_seconds += drafted - start
+        stats.target_seconds += time.perf_counter() - drafted
+        if params.greedy:
+            n_acc, nxt = accept_greedy(logits, draft, n_draft)
+        else:
+            u = batch.noise(k + 1)
+            n_acc, nxt = accept_sampled(probs_from_logits(logits, params), q, draft, n_draft, u[:, :k], u[:, k])
+        cache.commit(new_k, new_v, n_acc + 1)
+        self.drafter.after_verify(batch)
+        out = []
+        for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
+            batch.seqs[b].stats.record(d, n)
+            out.append(draft[b, :n].tolist() + [t])
+        return out
+
+    def _advance(self, batch: Batch, new_tokens: list[list[int]], texts: dict, stats: RunStats) -> Iterator[StreamEvent]:
+        """Append each row's new tokens, stop rows at EOS / length / stop strings, emit text."""
+        keep = []
+        for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
+            taken = []
+            for t in toks:
+                if t in self.eos_ids:
+                    seq.finish_reason = "stop"
+                    break
+                taken.append(t)
+                if len(seq.out) + len(taken) >= seq.max_new_tokens:
+                    seq.finish_reason = "length"
+                    break
+            seq.out.extend(taken)
+            stats.new_tokens += len(taken)
+            text, hit_stop = texts[seq.index].update(seq.out, final=seq.finish_reason is not None)
+            if hit_stop:
+                seq.finish_reason = "stop"
+            if text or taken or seq.finish_reason:
+                yield StreamEvent(seq.index, text, taken, seq.finish_reason is not None, seq.finish_reason)
+            if seq.finish_reason:
+                stats.speculation.merge(seq.stats)
+                self._row_stats[seq.index] = seq.stats
+            else:
+                keep.append(b)
+        if len(keep) < len(batch.seqs):
+            rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+            batch.seqs = [batch.seqs[b] for b in keep]
+            if keep:
+                batch.cache.keep_rows(rows)
+                if batch.draft_state is not None:
+                    self.drafter.keep_rows(batch, rows)
+
+    # -- requests ---------------------------------------------------------------------
+    def _encode(self, prompts, chat: bool) -> list[list[int]]:
+        if isinstance(prompts, str) or not isinstance(prompts, Seq) or len(prompts) == 0:
+            raise RequestError("prompts must be a non-empty list of strings (or of token-id lists)")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if not p:
+                    raise RequestError(f"prompt {i} is empty; give at least one character")
+                if chat:
+                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                             tokenize=True, return_dict=False)
+                else:
+                    ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
+            elif isinstance(p, Seq) and p and all(isinstance(t, int) for t in p):
+                ids = list(p)
+                bad = [t for t in ids if not 0 <= t < self.target.dims.vocab_size]
+                if bad:
+                    raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {self.target.dims.vocab_size}): {bad[:5]}")
+            else:
+                raise RequestError(f"prompt {i} must be a non-empty string or list of token ids, got {type(p).__name__}")
+            if not ids:
+                raise RequestError(f"prompt {i} encodes to no tokens")
+            out.append(list(ids))
+        return out
+
+    @staticmethod
+    def _seeds(seed, n: int) -> list[int]:
+        if isinstance(seed, int):
+            return [seed + i for i in range(n)]
+        seeds = list(seed)
+        if len(seeds) != n or not all(isinstance(s, int) for s in seeds):
+            raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
+        return seeds
+
+    def _validate(self, encoded: list[list[int]], max_new_tokens: int, k: int, stop) -> None:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise RequestError(f"stop must be a list of non-empty strings, got {stop!r}")
+        if k and not 1 <= k <= 16:
+            raise RequestError(f"k must be in [1, 16], got {k}")
+        longest = max(len(p) for p in encoded)
+        need = longest + max_new_tokens + k + 1
+        if need > self.max_context:
+            raise RequestError(
+                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} + speculation {k + 1} = {need} tokens, "
+                f"above this bundle's max_context {self.max_context}; shorten the prompt or max_new_tokens, or compile with a larger limits.max_context"
+            )
+
+
+def load(path: str | Path, verify: bool = True) -> SpecModel:
+    """Open a bundle (checking every file's sha256 unless verify=False) and load its engines."""
+    return SpecModel(open_bundle(path, verify=verify))

@@ -1,0 +1,102 @@
+"""Sampling and the lossless acceptance rules, as plain tensor functions.
+
+Every random choice takes its uniform noise as an argument (inverse-CDF sampling), so the
+same functions run on the host and inside a graph (the verification-head pass), and give
+identical results for identical noise.
+
+Acceptance (Leviathan et al. 2023; Chen et al. 2023): draft token d_i ~ q_i is accepted
+with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the next token is
+drawn from norm(max(0, p_i - q_i)); if every draft is accepted a bonus token is drawn from
+p_{k}. The output is distributed exactly as the target's p. Greedy is the special case
+of one-hot p and q: accept while the draft equals the target's argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> "SamplingParams":
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise RequestError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        return self
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p; float32 probabilities over the last axis."""
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: the token whose cumulative interval holds u * total; u in [0, 1)."""
+    cdf = torch.cumsum(probs, dim=-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def _leading(ok: torch.Tensor) -> torch.Tensor:
+    """Number of leading True per row of a [B, k] bool tensor."""
+    return torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1)
+
+
+def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, n_draft: torch.Tensor):
+    """Greedy acceptance. target_logits [B, k+1, V], draft_tokens [B, k], n_draft [B] valid drafts.
+
+    Returns (n_accepted [B], next_token [B]): the target's argmax after the accepted prefix.
+    """
+    k = draft_tokens.shape[1]
+    best = target_logits.argmax(-1)  # [B, k+1]
+    valid = torch.arange(k, device=draft_tokens.device)[None, :] < n_draft[:, None]
+    n_acc = _leading((best[:, :k] == draft_tokens) & valid)
+    return n_acc, best.gather(1, n_acc[:, None]).squeeze(1)
+
+
+def accept_sampled(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, n_draft: torch.Tensor,
+                   u_accept: torch.Tensor, u_next: torch.Tensor):
+    """Modified rejection sampling. p [B, k+1, V] target probs, q [B, k, V] draft probs
+    (rows past n_draft ignored), draft_tokens [B, k], u_accept [B, k], u_next [B].
+
+    Returns (n_accepted [B], next_token [B]) with next ~ norm(max(0, p - q)) at the first
+    rejection, or ~ p at position n_draft when every draft was accepted.
+    """
+    b, k = draft_tokens.shape
+    valid = torch.arange(k, device=p.device)[None, :] < n_draft[:, None]
+    p_d = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    q_d = q.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    n_acc = _leading((u_accept * q_d < p_d) & valid)
+    q_pad = torch.cat([q * valid[..., None], torch.zeros_like(p[:, :1])], dim=1)  # zero past the drafts
+    rows = torch.arange(b, device=p.device)
+    p_n, q_n = p[rows, n_acc], q_pad[rows, n_acc]
+    residual = torch.clamp(p_n - q_n, min=0.0)
+    mass = residual.sum(-1, keepdim=True)
+    residual = torch.where(mass > 1e-12, residual / mass.clamp(min=1e-30), p_n)
+    return n_acc, sample(residual, u_next)

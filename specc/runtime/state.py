@@ -1,0 +1,89 @@
+"""Per-request and per-batch state of a generation, and its statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import KVCache
+
+
+@dataclass
+class RowStats:
+    """Speculation figures of one request (one batch row)."""
+
+    rounds: int = 0  # target passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
+    drafted_at: list[int] = field(default_factory=list)
+
+    def record(self, n_draft: int, n_acc: int) -> None:
+        self.rounds += 1
+        self.drafted += n_draft
+        self.accepted += n_acc
+        width = max(n_draft, len(self.drafted_at))
+        self.drafted_at += [0] * (width - len(self.drafted_at))
+        self.accepted_at += [0] * (width - len(self.accepted_at))
+        for i in range(n_draft):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < n_acc
+
+    def merge(self, other: "RowStats") -> None:
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for _ in range(len(other.drafted_at) - len(self.drafted_at)):
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "accepted_per_round": self.accepted / self.rounds if self.rounds else None,
+            "tokens_per_target_pass": (self.accepted + self.rounds) / self.rounds if self.rounds else None,
+            "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],
+        }
+
+
+@dataclass
+class Sequence:
+    """One request while it is generated."""
+
+    index: int
+    prompt: list[int]
+    max_new_tokens: int
+    generator: torch.Generator
+    out: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""  # text released so far (stop strings and partial characters held back)
+    stats: RowStats = field(default_factory=RowStats)
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and generated tokens; the last one is not yet in the target cache."""
+        return self.prompt + self.out
+
+
+@dataclass
+class Batch:
+    """Rows generated together. Row b's committed length is cache.lengths[b]; its pending
+    token (generated, not yet in the cache) is its last token."""
+
+    seqs: list[Sequence]
+    cache: KVCache
+    draft_state: object = None
+
+    @property
+    def pending(self) -> torch.Tensor:
+        return torch.tensor([s.out[-1] for s in self.seqs], dtype=torch.long, device=self.cache.lengths.device)
+
+    def noise(self, n: int) -> torch.Tensor:
+        """[B, n] uniforms from each row's own generator (so a row's result depends only on its seed)."""
+        return torch.stack([torch.rand(n, generator=s.generator) for s in self.seqs]).to(self.cache.lengths.device)

@@ -1,0 +1,71 @@
+"""Tiny random Hugging Face models with a byte-level tokenizer, for tests and examples.
+
+    make_tiny_model("/tmp/tiny", arch="llama", seed=0)
+
+writes a model directory that every specc entry point accepts as a model source.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "gemma")
+
+
+def byte_tokenizer():
+    """A 257-token byte-level tokenizer: every byte plus <eos> (id 256); any text round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+    fast.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    return fast
+
+
+def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hidden: int = 64, heads: int = 4,
+                kv_heads: int = 2, max_positions: int = 4096):
+    from transformers import AutoConfig
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r}; choose from {ARCHS}")
+    extra = {"head_dim": hidden // heads} if arch in ("qwen3", "gemma") else {}
+    return AutoConfig.for_model(
+        arch, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=False, eos_token_id=256, bos_token_id=None, pad_token_id=256, **extra,
+    )
+
+
+def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_scale: float = 1.0,
+                    shift_lm_head: int = 0, **config) -> Path:
+    """Write a random model + byte tokenizer to `path`.
+
+    logit_scale multiplies the LM head (peakier distributions for statistical tests);
+    shift_lm_head rolls the LM head rows so that this model's argmax is another model's
+    argmax + shift (an always-wrong draft when built from the target's seed).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # Gemma norms scale by (1 + w), the others by w
+                p.normal_(0.0 if arch == "gemma" else 1.0, 0.05)
+            else:
+                p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
+        model.lm_head.weight.mul_(logit_scale)
+        if shift_lm_head:
+            model.lm_head.weight.copy_(torch.roll(model.lm_head.weight, shifts=shift_lm_head, dims=0))
+    model.generation_config.eos_token_id = 256
+    model.save_pretrained(path, safe_serialization=True)
+    byte_tokenizer().save_pretrained(path)
+    return path

@@ -43,14 +43,9 @@ def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hid
     )
 
 
-def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_scale: float = 1.0,
-                    shift_lm_head: int = 0, **config) -> Path:
-    """Write a random model + byte tokenizer to `path`.
-
-    logit_scale multiplies the LM head (peakier distributions for statistical tests);
-    shift_lm_head rolls the LM head rows so that this model's argmax is another model's
-    argmax + shift (an always-wrong draft when built from the target's seed).
-    """
+def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config) -> Path:
+    """Write a random model + byte tokenizer to `path`; logit_scale multiplies the LM head
+    (peakier distributions for statistical tests)."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
@@ -63,8 +58,33 @@ def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_
             else:
                 p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
         model.lm_head.weight.mul_(logit_scale)
+    return _save(model, path)
+
+
+def derive_draft(target: str | Path, path: str | Path, layers: int | None = None, perturb: float = 0.0,
+                 shift_lm_head: int = 0, seed: int = 1) -> Path:
+    """A draft made from a target: its first `layers` layers, weights plus perturb x N(0, 1) noise.
+
+    shift_lm_head rolls the LM head rows, so the draft's argmax is the target-like argmax + shift:
+    with no other change, a draft whose greedy token is never the target's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    if layers is not None:
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * perturb)
         if shift_lm_head:
             model.lm_head.weight.copy_(torch.roll(model.lm_head.weight, shifts=shift_lm_head, dims=0))
+    return _save(model, path)
+
+
+def _save(model, path: str | Path) -> Path:
+    path = Path(path)
     model.generation_config.eos_token_id = 256
     model.save_pretrained(path, safe_serialization=True)
     byte_tokenizer().save_pretrained(path)

@@ -1,6 +1,9 @@
 """`onnxruntime`: ONNX from the exported program, run by ONNX Runtime; the portable CPU default."""
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -12,6 +15,7 @@ from torch.export import ExportedProgram
 from .base import LowerOptions
 
 FILE = "model.onnx"
+OPSET = 23  # Attention, RMSNormalization and RotaryEmbedding are single operators from opset 23
 INT8_FILE = "model.int8.onnx"
 
 
@@ -35,11 +39,13 @@ class OnnxRuntimeBackend:
         import onnxruntime
 
         path = out_dir / FILE
-        with warnings.catch_warnings(), _quiet_exporter():
+        # The exporter prints progress to stdout and warns about torchvision; keep specc's own output clean.
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             onnx_program = torch.onnx.export(
                 program, (), dynamo=True, input_names=input_names, output_names=output_names,
-                optimize=True, verbose=False,
+                opset_version=OPSET, optimize=True, verbose=False,
             )
         onnx_program.save(str(path), external_data=True)
         onnx.checker.check_model(str(path))
@@ -62,16 +68,41 @@ class OnnxRuntimeBackend:
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        # Draft and target sessions alternate: spinning pool threads of one would steal the cores of the other.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
         return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 weight quantisation of MatMul/Gemm weights (activations quantised at run time)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=False,
+    model = onnx.load(str(src))
+    _fold_weight_transposes(model)
+    folded = src.with_name("folded.onnx")
+    onnx.save(model, str(folded), save_as_external_data=True, location=folded.name + ".data")
+    quantize_dynamic(str(folded), str(dst), weight_type=QuantType.QInt8, per_channel=False,
                      op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=True)
+    for path in (folded, folded.with_name(folded.name + ".data")):
+        path.unlink()
+
+
+def _fold_weight_transposes(model) -> None:
+    """Replace Transpose(initializer) with a transposed initializer, so the quantiser sees a
+    constant weight; a tied LM head (Transpose of the embedding) then gets quantised too."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in list(model.graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        array = numpy_helper.to_array(inits[node.input[0]])
+        folded = numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), node.output[0])
+        model.graph.initializer.append(folded)
+        model.graph.node.remove(node)
 
 
 def _opset(path: Path) -> int:
@@ -79,20 +110,6 @@ def _opset(path: Path) -> int:
 
     model = onnx.load(str(path), load_external_data=False)
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-
-
-class _quiet_exporter:
-    """The dynamo exporter prints progress lines to stdout; keep specc's own progress bars clean."""
-
-    def __enter__(self):
-        import contextlib
-        import io
-
-        self._redirect = contextlib.redirect_stdout(io.StringIO())
-        self._redirect.__enter__()
-
-    def __exit__(self, *exc):
-        self._redirect.__exit__(*exc)
 
 
 class OrtRunner:

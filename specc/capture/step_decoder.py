@@ -17,14 +17,19 @@ outputs
 The runtime owns the cache: it copies the accepted tokens' new_k/new_v into it and
 advances cache_len. The graph never writes an input, so every backend can run it.
 
-The module reuses the Hugging Face model's own submodules (embedding, norms, MLPs,
-projections, rotary tables), so the weights are the model's and only attention with an
-explicit cache is rewritten here.
+The module reuses the Hugging Face model's own submodules and weights (embedding, MLPs,
+projections, rotary tables). Attention with an explicit cache is rewritten here, and
+attention and RMSNorm are written as `scaled_dot_product_attention` and `rms_norm` so that
+exporters can lower each to one fused operator (ONNX opset 23 Attention and
+RMSNormalization) instead of dozens of elementwise nodes.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from ..errors import ModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 
@@ -44,6 +49,23 @@ class CausalMask(nn.Module):
         return torch.tril(ones).unsqueeze(0).expand(b, t, t)
 
 
+class StepRMSNorm(nn.Module):
+    """The model's RMSNorm as one `rms_norm` call, computed in float32.
+
+    Gemma-style norms scale by (1 + w); `offset` carries that.
+    """
+
+    def __init__(self, hf_norm: nn.Module, offset: float = 0.0):
+        super().__init__()
+        self.weight = hf_norm.weight
+        self.eps = float(getattr(hf_norm, "variance_epsilon", getattr(hf_norm, "eps", 1e-6)))
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float() + self.offset if self.offset else self.weight.float()
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -52,12 +74,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class StepAttention(nn.Module):
     """Grouped-query attention over `[cache ; new]` keys with an explicit mask."""
 
-    def __init__(self, hf_attn: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int):
+    def __init__(self, hf_attn: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int, norm_offset: float):
         super().__init__()
         self.q_proj, self.k_proj = hf_attn.q_proj, hf_attn.k_proj
         self.v_proj, self.o_proj = hf_attn.v_proj, hf_attn.o_proj
-        self.q_norm = getattr(hf_attn, "q_norm", None)
-        self.k_norm = getattr(hf_attn, "k_norm", None)
+        self.q_norm = StepRMSNorm(hf_attn.q_norm, norm_offset) if hasattr(hf_attn, "q_norm") else None
+        self.k_norm = StepRMSNorm(hf_attn.k_norm, norm_offset) if hasattr(hf_attn, "k_norm") else None
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = getattr(hf_attn, "scaling", head_dim**-0.5)
 
@@ -75,24 +97,19 @@ class StepAttention(nn.Module):
 
         keys = torch.cat([k_cache, k], dim=2)  # [B, Hkv, S+T, D]
         values = torch.cat([v_cache, v], dim=2)
-        groups = self.n_heads // self.n_kv_heads
-        qg = q.reshape(b, self.n_kv_heads, groups, t, self.head_dim)
-        scores = torch.matmul(qg, keys.unsqueeze(2).transpose(-1, -2)) * self.scale
-        scores = scores.float().masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values.unsqueeze(2))  # [B, Hkv, G, T, D]
-        out = out.reshape(b, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(b, t, -1)
-        return self.o_proj(out), k, v
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=self.scale,
+                                             enable_gqa=self.n_heads != self.n_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
 
 
 class StepLayer(nn.Module):
     """One pre-norm decoder layer around the model's own norms and MLP."""
 
-    def __init__(self, hf_layer: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int):
+    def __init__(self, hf_layer: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int, norm_offset: float):
         super().__init__()
-        self.input_layernorm = hf_layer.input_layernorm
-        self.post_attention_layernorm = hf_layer.post_attention_layernorm
-        self.self_attn = StepAttention(hf_layer.self_attn, n_heads, n_kv_heads, head_dim)
+        self.input_layernorm = StepRMSNorm(hf_layer.input_layernorm, norm_offset)
+        self.post_attention_layernorm = StepRMSNorm(hf_layer.post_attention_layernorm, norm_offset)
+        self.self_attn = StepAttention(hf_layer.self_attn, n_heads, n_kv_heads, head_dim, norm_offset)
         self.mlp = hf_layer.mlp
 
     def forward(self, x, cos, sin, mask, k_cache, v_cache):
@@ -109,7 +126,7 @@ class StepDecoder(nn.Module):
         super().__init__()
         cfg = hf_model.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
+            raise ModelError(
                 f"model_type {cfg.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         base = hf_model.model
@@ -122,10 +139,11 @@ class StepDecoder(nn.Module):
         self.embed_tokens = base.embed_tokens
         self.rotary_emb = base.rotary_emb
         self.causal_mask = CausalMask()
+        offset = 1.0 if cfg.model_type == "gemma" else 0.0
         self.layers = nn.ModuleList(
-            StepLayer(layer, self.n_heads, self.n_kv_heads, self.head_dim) for layer in base.layers
+            StepLayer(layer, self.n_heads, self.n_kv_heads, self.head_dim, offset) for layer in base.layers
         )
-        self.norm = base.norm
+        self.norm = StepRMSNorm(base.norm, offset)
         self.lm_head = hf_model.lm_head
 
     def attention_mask(self, new_mask, position_ids, cache_len, cache_slots: int):

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny random models and bundles built once per test session in temp dirs."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from specc.compiler import compile_recipe
+from specc.recipe import parse_recipe
+from specc.testing import derive_draft, make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """target: 3-layer llama; draft: its first 2 layers (partial acceptance);
+    wrong: the target with its LM head rolled by one row, so its greedy token is never the target's."""
+    root = tmp_path_factory.mktemp("models")
+    make_tiny_model(root / "target", seed=0, layers=3)
+    derive_draft(root / "target", root / "draft", layers=2)
+    derive_draft(root / "target", root / "wrong", shift_lm_head=1)
+    return root
+
+
+def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxruntime", **extra) -> Path:
+    recipe = parse_recipe({
+        "target": {"model": str(target)},
+        "draft": draft,
+        "speculation": extra.pop("speculation", {"k": 3}),
+        "limits": extra.pop("limits", {"max_batch": 4, "max_context": 256}),
+        "backend": backend,
+        **extra,
+    })
+    return compile_recipe(recipe, output=out, progress=False)
+
+
+@pytest.fixture(scope="session")
+def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
+    """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected)."""
+    root = tmp_path_factory.mktemp("bundles")
+    t = models_dir / "target"
+    return {
+        "draft": build_bundle(root / "draft", t, {"method": "model", "model": str(models_dir / "draft")}),
+        "self": build_bundle(root / "self", t, {"method": "model", "model": str(t)}, backend="torch"),
+        "wrong": build_bundle(root / "wrong", t, {"method": "model", "model": str(models_dir / "wrong")}, backend="torch"),
+    }
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[str]:
+    """60 prompts of 1 to 40 characters (tokens, for the byte tokenizer)."""
+    rng = random.Random(1234)
+    alphabet = "abcdefghijklmnopqrstuvwxyz  ,.()=:\n"
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(60)]

@@ -1,0 +1,71 @@
+"""Greedy speculation must reproduce target-only greedy output token for token."""
+from __future__ import annotations
+
+import pytest
+
+import specc
+
+
+def _mismatches(model, prompts, batch, **spec):
+    """Indices of prompts whose speculative output differs from target-only; also the speculative stats."""
+    from specc.runtime.engine import RunStats
+
+    bad, stats = [], RunStats()
+    for lo in range(0, len(prompts), batch):
+        chunk = prompts[lo:lo + batch]
+        fast = model.generate(chunk, max_new_tokens=20, **spec)
+        stats.merge(model.last_stats)
+        slow = model.generate(chunk, max_new_tokens=20, speculative=False)
+        bad += [lo + i for i, (a, b) in enumerate(zip(fast, slow)) if a.token_ids != b.token_ids]
+    return bad, stats.to_dict()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_real_draft_matches_target_only(bundles, prompts, batch, k):
+    model = specc.load(bundles["draft"])
+    assert len(prompts) >= 50
+    bad, stats = _mismatches(model, prompts, batch, k=k)
+    assert bad == []
+    assert stats["rounds"] > 0 and 0 < stats["acceptance_rate"] < 1
+
+
+def test_always_wrong_draft_accepts_nothing_and_still_matches(bundles, prompts):
+    model = specc.load(bundles["wrong"])
+    bad, stats = _mismatches(model, prompts, 4, k=3)
+    assert bad == []
+    assert stats["drafted"] > 0 and stats["accepted"] == 0
+    assert stats["tokens_per_target_pass"] == 1.0
+
+
+def test_draft_equal_to_target_accepts_everything(bundles, prompts):
+    model = specc.load(bundles["self"])
+    bad, stats = _mismatches(model, prompts, 4, k=4)
+    assert bad == []
+    assert stats["acceptance_rate"] == 1.0
+
+
+def test_rows_advance_by_different_amounts(bundles, prompts):
+    """In one batch, rows accept different numbers of drafts per round and still match."""
+    model = specc.load(bundles["draft"])
+    outs = model.generate(prompts[:4], max_new_tokens=30, k=4)
+    accepted = {c.stats["accepted"] for c in outs}
+    assert len(accepted) > 1, "test needs rows with different acceptance"
+    assert _mismatches(model, prompts[:4], 4, k=4)[0] == []
+
+
+def test_speculation_matches_hugging_face_greedy(bundles, models_dir, prompts):
+    """The compiled target-only path itself equals Hugging Face generate (so 'lossless' means lossless w.r.t. HF)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(models_dir / "target").eval()
+    tok = AutoTokenizer.from_pretrained(models_dir / "target")
+    model = specc.load(bundles["draft"])
+    for prompt in prompts[:10]:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=256)[0, ids.shape[1]:]
+        got = model.generate([prompt], max_new_tokens=16, k=3)[0].token_ids
+        ref = [t for t in ref.tolist()]
+        assert got == ref[: len(got)] and (len(got) == 16 or ref[len(got)] == 256)

@@ -40,7 +40,8 @@ def _eos_ids(loaded) -> list[int]:
 def _compare(graph: StepGraph, runner, quantized: bool) -> dict:
     """Run eager and engine on the same random inputs; return the error figures."""
     torch.manual_seed(0)
-    inputs = example_inputs(graph.dims, getattr(torch, graph.dims.dtype), batch=2, tokens=3, cache=5)
+    device = graph.inputs[0].example.device
+    inputs = example_inputs(graph.dims, getattr(torch, graph.dims.dtype), batch=2, tokens=3, cache=5, device=device)
     extra = [i.example for i in graph.inputs[len(inputs):]]
     args = [inputs[i.name] for i in graph.inputs[: len(inputs)]] + extra
     with torch.no_grad():
@@ -77,11 +78,11 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     base_options = LowerOptions(precision=recipe.precision, device=recipe.device)
     try:
         with stages.stage("load target"):
-            target = load_model(recipe.target.model, recipe.target.dtype)
+            target = load_model(recipe.target.model, recipe.target.dtype, recipe.device)
         draft = None
         if method == "model":
             with stages.stage("load draft"):
-                draft = load_model(recipe.draft.model, recipe.target.dtype)
+                draft = load_model(recipe.draft.model, recipe.target.dtype, recipe.device)
                 check_same_tokenizer(target.tokenizer, draft.tokenizer, recipe.target.model, recipe.draft.model)
 
         with stages.stage("export target"):

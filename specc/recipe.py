@@ -45,7 +45,7 @@ class TargetSpec:
 class DraftSpec:
     method: str = _f("model", "how draft tokens are proposed", choices=DRAFT_METHODS)
     model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
-    quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8",))
+    quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8", "int4"))
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     max_ngram: int = _f(3, "method: prompt_lookup — longest n-gram matched against the context", lo=1, hi=16)
@@ -154,9 +154,9 @@ def _check_consistency(r: Recipe) -> None:
     if d.quantize and d.method not in ("model", "quantized"):
         raise RecipeError("draft.quantize", "only applies to draft.method 'model' or 'quantized'")
     if d.method == "quantized" and not d.quantize:
-        raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8)")
+        raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":
-        raise RecipeError("draft.quantize", f"int8 draft graphs need backend 'onnxruntime', not {r.backend!r}")
+        raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
     if d.min_ngram > d.max_ngram:
         raise RecipeError("draft.min_ngram", f"{d.min_ngram} is above draft.max_ngram ({d.max_ngram})")
     if r.device == "cuda" and r.backend == "onnxruntime":

@@ -36,10 +36,11 @@ def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hid
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}; choose from {ARCHS}")
     extra = {"head_dim": hidden // heads} if arch in ("qwen3", "gemma") else {}
+    eos = 256 if vocab_size > 256 else None  # small-vocab models (statistical tests) never stop
     return AutoConfig.for_model(
         arch, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=False, eos_token_id=256, bos_token_id=None, pad_token_id=256, **extra,
+        tie_word_embeddings=False, eos_token_id=eos, bos_token_id=None, pad_token_id=eos, **extra,
     )
 
 
@@ -85,7 +86,7 @@ def derive_draft(target: str | Path, path: str | Path, layers: int | None = None
 
 def _save(model, path: str | Path) -> Path:
     path = Path(path)
-    model.generation_config.eos_token_id = 256
+    model.generation_config.eos_token_id = model.config.eos_token_id
     model.save_pretrained(path, safe_serialization=True)
     byte_tokenizer().save_pretrained(path)
     return path

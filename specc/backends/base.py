@@ -36,3 +36,25 @@ class Backend(Protocol):
 
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions) -> Runner:
         """Open the engine described by a manifest graph entry."""
+
+    def check_versions(self, recorded: dict) -> None:
+        """Raise BundleError if engines built with `recorded` versions cannot run here."""
+
+
+def _minor(version: str) -> tuple[int, int]:
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in version.split("+")[0].split(".")[:2]]
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def require_version(package: str, recorded: dict, installed: str, same_minor: bool) -> None:
+    """Engines need the same major.minor (same_minor) or at least the recorded version of a package."""
+    from ..errors import BundleError
+
+    built = recorded.get(package)
+    if built is None:
+        return
+    ok = _minor(installed) == _minor(built) if same_minor else _minor(installed) >= _minor(built)
+    if not ok:
+        need = f"{package} {'.'.join(map(str, _minor(built)))}.x" if same_minor else f"{package} >= {built}"
+        raise BundleError(f"bundle was built with {package} {built} and needs {need}; this machine has {package} {installed}. "
+                          "Install that version or compile the recipe again here")

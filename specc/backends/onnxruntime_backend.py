@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from .base import LowerOptions
+from .base import LowerOptions, require_version
 
 FILE = "model.onnx"
+QUANTIZED_FILES = {"int8": "model.int8.onnx", "int4": "model.int4.onnx"}
 OPSET = 23  # Attention, RMSNormalization and RotaryEmbedding are single operators from opset 23
-INT8_FILE = "model.int8.onnx"
 
 
 def _cpu_threads() -> int:
@@ -51,14 +51,19 @@ class OnnxRuntimeBackend:
         onnx.checker.check_model(str(path))
         files = sorted(p.name for p in out_dir.iterdir())
         entry = FILE
-        if options.quantize == "int8":
-            entry = INT8_FILE
-            quantize_int8(path, out_dir / INT8_FILE)
+        if options.quantize:
+            entry = QUANTIZED_FILES[options.quantize]
+            quantize(path, out_dir / entry, options.quantize)
             for name in files:
                 (out_dir / name).unlink()
             files = sorted(p.name for p in out_dir.iterdir())
         versions = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
         return {"entry": entry, "files": files, "versions": versions, "opset": _opset(out_dir / entry)}
+
+    def check_versions(self, recorded: dict) -> None:
+        import onnxruntime
+
+        require_version("onnxruntime", recorded, onnxruntime.__version__, same_minor=False)
 
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
         import onnxruntime as ort
@@ -74,13 +79,27 @@ class OnnxRuntimeBackend:
         return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 weight quantisation of MatMul/Gemm weights (activations quantised at run time)."""
+def quantize(src: Path, dst: Path, kind: str) -> None:
+    """Weight quantisation of every MatMul with a constant weight (the LM head included).
+
+    int8: dynamic quantisation (MatMulInteger; activations quantised at run time).
+    int4: blockwise 4-bit weights (MatMulNBits, blocks of 128, int8 compute), ORT's
+    fastest single-token kernels on CPU.
+    """
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(src))
     _fold_weight_transposes(model)
+    if kind == "int4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+        quantizer = MatMulNBitsQuantizer(model, block_size=128, is_symmetric=True, accuracy_level=4, bits=4)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
+        return
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     folded = src.with_name("folded.onnx")
     onnx.save(model, str(folded), save_as_external_data=True, location=folded.name + ".data")
     quantize_dynamic(str(folded), str(dst), weight_type=QuantType.QInt8, per_channel=False,

@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import BundleError
-from .base import LowerOptions
+from .base import LowerOptions, require_version
 
 FILE = "graph.pt2"
 
@@ -36,6 +36,9 @@ class TorchBackend:
         torch.export.save(program, path)
         _check_no_pickled_weights(path)
         return {"entry": FILE, "files": [FILE], "versions": {"torch": torch.__version__}}
+
+    def check_versions(self, recorded: dict) -> None:
+        require_version("torch", recorded, torch.__version__, same_minor=True)
 
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
         path = graph_dir / entry["entry"]

@@ -46,17 +46,19 @@ def dim_ranges(max_batch: int, max_context: int) -> DimRanges:
     return DimRanges(batch=(1, max_batch), tokens=(1, max_context), rows=(1, max_context), cache=(1, max_context))
 
 
-def example_inputs(dims: ModelDims, dtype: torch.dtype, batch: int = 2, tokens: int = 3, cache: int = 5) -> dict:
+def example_inputs(dims: ModelDims, dtype: torch.dtype, batch: int = 2, tokens: int = 3, cache: int = 5,
+                   device: torch.device | str = "cpu") -> dict:
     """Distinct, non-view example inputs (torch.export specialises on 0/1 and on aliasing)."""
     kv_shape = (dims.n_layers, batch, dims.n_kv_heads, cache, dims.head_dim)
-    return {
+    out = {
         "input_ids": torch.randint(0, dims.vocab_size, (batch, tokens)),
         "position_ids": (torch.arange(tokens) + 2).repeat(batch, 1),
         "cache_len": torch.full((batch,), 2, dtype=torch.long),
         "logit_index": torch.arange(tokens).repeat(batch, 1),
-        "k_cache": torch.randn(kv_shape, dtype=dtype),
-        "v_cache": torch.randn(kv_shape, dtype=dtype),
+        "k_cache": torch.randn(kv_shape).to(dtype),
+        "v_cache": torch.randn(kv_shape).to(dtype),
     }
+    return {name: t.to(device) for name, t in out.items()}
 
 
 AXES: dict[str, dict[int, str]] = {

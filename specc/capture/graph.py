@@ -44,9 +44,9 @@ def export_module(module: torch.nn.Module, inputs: list[InputSpec], ranges: DimR
 def capture(role: str, hf_model: torch.nn.Module, ranges: DimRanges) -> "StepGraph":
     """Wrap a Hugging Face causal LM as a step graph and trace it."""
     decoder = StepDecoder(hf_model).eval()
-    dtype = next(hf_model.parameters()).dtype
-    dims = ModelDims.of(decoder, dtype)
-    examples = example_inputs(dims, dtype)
+    weight = next(hf_model.parameters())
+    dims = ModelDims.of(decoder, weight.dtype)
+    examples = example_inputs(dims, weight.dtype, device=weight.device)
     inputs = [InputSpec(name, examples[name], dict(AXES[name])) for name in INPUT_NAMES]
     ep = export_module(decoder, inputs, ranges)
     return StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)

@@ -63,8 +63,8 @@ def resolve_source(source: str) -> Path:
     )
 
 
-def load_model(source: str, dtype: str = "float32") -> LoadedModel:
-    """Load a causal LM and its tokenizer, in eval mode, from anything `resolve_source` accepts."""
+def load_model(source: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode on `device`, from anything `resolve_source` accepts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_source(source)
@@ -73,7 +73,7 @@ def load_model(source: str, dtype: str = "float32") -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ModelError(f"could not load model from {path}: {exc}") from None
-    return LoadedModel(model.eval(), tokenizer, path, source)
+    return LoadedModel(model.to(device).eval(), tokenizer, path, source)
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

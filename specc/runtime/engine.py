@@ -82,6 +82,7 @@ class SpecModel:
         recipe = m["recipe"]
         self.device = torch.device(recipe.get("device", "cpu"))
         self.backend = get_backend(m["backend"])
+        self.backend.check_versions(m["versions"])
         self.max_batch = recipe["limits"]["max_batch"]
         self.max_context = recipe["limits"]["max_context"]
         self.k = recipe["speculation"]["k"]

@@ -1,0 +1,28 @@
+# Two entry points (see README): `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+
+# Compile the quickstart recipe (SmolLM2-135M + its int8 copy as draft, ONNX Runtime),
+# generate with speculation, and benchmark speculative vs target-only on the same prompts.
+demo: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[gguf]'
+	$(BIN)/specc compile recipes/quickstart.yaml
+	$(BIN)/specc generate bundles/quickstart --chat --stream --max-new-tokens 96 \
+		--prompt "Write a Python function that checks whether a string is a palindrome."
+	$(BIN)/specc bench bundles/quickstart --prompts examples/prompts/quickstart-8.jsonl \
+		--max-new-tokens 64 --json bench-results/quickstart.json
+
+test: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf bundles bench-results

@@ -1,0 +1,108 @@
+"""The command line end to end on a tiny model, and its error handling (exit 2, no traceback)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specc.cli import main
+
+
+@pytest.fixture(scope="module")
+def cli_bundle(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    recipe = root / "r.yaml"
+    recipe.write_text(
+        f"target: {{model: {models_dir / 'target'}}}\n"
+        f"draft: {{method: model, model: {models_dir / 'draft'}}}\n"
+        "speculation: {k: 3}\nlimits: {max_batch: 4, max_context: 128}\n"
+        f"output: {root / 'bundle'}\n"
+    )
+    assert main(["compile", str(recipe), "-q"]) == 0
+    return root / "bundle"
+
+
+def test_generate_prints_text_and_stats(cli_bundle, capsys):
+    assert main(["generate", str(cli_bundle), "--prompt", "hello", "--max-new-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert "--- [0] 'hello'" in out
+    assert "acceptance rate" in err and "tokens/s" in err
+
+
+def test_generate_json_speculative_equals_no_speculation(cli_bundle, capsys):
+    args = ["generate", str(cli_bundle), "--prompt", "abc", "--prompt", "xyz=1", "--max-new-tokens", "16", "--json"]
+    assert main(args) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main(args + ["--no-speculation"]) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert spec["completions"] == base["completions"]
+    assert spec["stats"]["drafted"] > 0 and base["stats"]["drafted"] == 0
+
+
+def test_generate_stream(cli_bundle, capsys):
+    assert main(["generate", str(cli_bundle), "--prompt", "abc", "--max-new-tokens", "10", "--stream", "--no-verify"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_bench_writes_json(cli_bundle, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):", "kind": "code"}\n{"prompt": "hi there", "chat": true, "kind": "chat"}\n')
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(cli_bundle), "--prompts", str(prompts), "--max-new-tokens", "12", "--k", "2", "--k", "3",
+                 "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "specc target-only" in table and "specc speculative k=2" in table
+    result = json.loads(out.read_text())
+    assert set(result["systems"]) == {"specc target-only", "specc speculative k=2", "specc speculative k=3"}
+    for s in result["systems"].values():
+        assert s["outputs_equal_target_only"] == "2/2" and s["tokens_per_second"] > 0
+
+
+def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
+    assert main(["inspect", str(cli_bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "all files match their sha256" in out and "graph target" in out and "graph draft" in out
+    assert main(["inspect", str(cli_bundle), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == "specc-bundle"
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime" in out and "tensorrt" in out
+    assert main(["passes"]) == 0
+    assert main(["models", "list"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["generate", "{bundle}", "--prompt", ""], "prompt 0 is empty"),
+    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "500"], "above this bundle's max_context 128"),
+    (["generate", "{bundle}", "--prompt", "x", "--temperature", "-1"], "temperature must be a number >= 0"),
+    (["generate", "{bundle}", "--prompt", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "{bundle}"], "give at least one --prompt"),
+    (["generate", "{tmp}/none", "--prompt", "x"], "does not exist"),
+    (["compile", "{tmp}/missing.yaml"], "does not exist"),
+])
+def test_user_errors_exit_2_with_one_message(cli_bundle, tmp_path, capsys, args, message):
+    args = [a.format(bundle=cli_bundle, tmp=tmp_path) for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specc: error: ") and message in err and "Traceback" not in err
+
+
+def test_bad_recipe_from_the_console_script(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("target: {model: m}\ndraft: {method: none}\nspeculation: {k: 99}\n")
+    proc = subprocess.run([sys.executable, "-m", "specc.cli", "compile", str(recipe)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "recipe field 'speculation.k': 99 is above the maximum 16" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_compile_help_documents_every_field(capsys):
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    out = capsys.readouterr().out
+    for field in ("target.model", "draft.method", "speculation.k", "limits.max_batch", "backend"):
+        assert field in out

@@ -1,0 +1,80 @@
+"""Recipe validation: every error names the field path and what is allowed."""
+from __future__ import annotations
+
+import pytest
+
+from specc.errors import RecipeError
+from specc.recipe import describe_schema, load_recipe, parse_recipe
+
+BASE = {"target": {"model": "m"}, "draft": {"method": "prompt_lookup"}}
+
+
+def _err(data) -> str:
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(data)
+    return str(info.value)
+
+
+def test_minimal_recipe_gets_defaults():
+    r = parse_recipe(BASE)
+    assert r.backend == "onnxruntime" and r.speculation.k == 4 and r.limits.max_context == 2048
+
+
+@pytest.mark.parametrize("data, path, allowed", [
+    ({**BASE, "backend": "tensorflow"}, "backend", "onnxruntime, torch, aoti"),
+    ({**BASE, "speculation": {"k": 0}}, "speculation.k", "minimum 1"),
+    ({**BASE, "speculation": {"k": "four"}}, "speculation.k", "expected an integer"),
+    ({**BASE, "speculation": {"mode": "star"}}, "speculation.mode", "chain, tree"),
+    ({**BASE, "sampling": {"top_p": 1.5}}, "sampling.top_p", "maximum 1.0"),
+    ({**BASE, "limits": {"max_batch": True}}, "limits.max_batch", "expected an integer"),
+    ({**BASE, "draft": {"method": "magic"}}, "draft.method", "model, quantized, early_exit"),
+    ({**BASE, "targt": {}}, "targt", "allowed here: target, draft"),
+    ({**BASE, "speculation": {"kk": 3}}, "speculation.kk", "allowed here: mode, k, tree"),
+    ({"draft": {"method": "none"}}, "target.model", "required"),
+    ({"target": {"model": "m"}, "draft": {"method": "model"}}, "draft.model", "required"),
+    ({"target": {"model": "m"}, "draft": {"method": "early_exit"}}, "draft.layer", "required"),
+    ({"target": {"model": "m"}, "draft": {"method": "quantized"}}, "draft.quantize", "int8, int4"),
+    ({"target": {"model": "m"}, "draft": {"method": "quantized", "quantize": "int8"}, "backend": "torch"}, "draft.quantize", "onnxruntime"),
+    ({**BASE, "backend": "tensorrt"}, "device", "cuda"),
+    ({**BASE, "precision": "fp16"}, "precision", "GPU"),
+    ({**BASE, "target": "m"}, "target", "mapping"),
+])
+def test_errors_name_field_and_allowed_values(data, path, allowed):
+    msg = _err(data)
+    assert f"'{path}'" in msg and allowed in msg
+
+
+def test_empty_and_invalid_yaml_files(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "bad.yaml").write_text("target: [unclosed\n")
+    with pytest.raises(RecipeError, match="empty"):
+        load_recipe(tmp_path / "empty.yaml")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_recipe(tmp_path / "bad.yaml")
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+def test_model_paths_resolve_against_recipe_folder(tmp_path):
+    (tmp_path / "models" / "t").mkdir(parents=True)
+    (tmp_path / "r.yaml").write_text("target: {model: models/t}\ndraft: {method: none}\n")
+    r = load_recipe(tmp_path / "r.yaml")
+    assert r.target.model == str((tmp_path / "models" / "t").resolve())
+    (tmp_path / "c.yaml").write_text("target: {model: smollm2-135m-instruct}\ndraft: {method: none}\n")
+    assert load_recipe(tmp_path / "c.yaml").target.model == "smollm2-135m-instruct"
+
+
+def test_schema_description_lists_every_field():
+    text = "\n".join(describe_schema())
+    for field in ("target.model", "draft.method", "speculation.k", "speculation.tree.max_nodes", "sampling.top_p",
+                  "limits.max_context", "backend", "precision", "output"):
+        assert field in text
+
+
+def test_example_recipes_are_valid():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        load_recipe(path)

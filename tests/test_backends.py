@@ -44,7 +44,7 @@ def _check(graph, runner, tol):
             assert (r - g).abs().max().item() <= tol * max(1.0, r.abs().max().item()), (b, t, s)
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch", "aoti"])
 def test_engine_matches_eager(graph, backend, tmp_path):
     runner, entry = _lowered(graph, backend, tmp_path)
     _check(graph, runner, 1e-4)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import specc
-from specc.runtime import engine
-from specc.runtime.sampling import SamplingParams, probs_from_logits, sample
+from specc.runtime import sampling
+from specc.runtime.sampling import RowParams, SamplingParams, probs_from_logits, sample
 from specc.testing import derive_draft, make_tiny_model
 
 from conftest import build_bundle
@@ -35,13 +35,18 @@ def exact_marginals(target_dir, params: SamplingParams):
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     prompt = torch.tensor(PROMPT)
+
+    def probs(logits):
+        rows = RowParams.of([params] * logits.shape[0])
+        return probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
+
     with torch.no_grad():
-        p1 = probs_from_logits(hf(prompt[None]).logits[0, -1], params)
+        p1 = probs(hf(prompt[None]).logits[:, -1])[0]
         ctx2 = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], 1)
-        p2_given = probs_from_logits(hf(ctx2).logits[:, -1], params)  # [t1, t2]
+        p2_given = probs(hf(ctx2).logits[:, -1])  # [t1, t2]
         pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
         ctx3 = torch.cat([prompt.expand(len(pairs), -1), pairs], 1)
-        p3_given = probs_from_logits(hf(ctx3).logits[:, -1], params).view(VOCAB, VOCAB, VOCAB)
+        p3_given = probs(hf(ctx3).logits[:, -1]).view(VOCAB, VOCAB, VOCAB)
     joint12 = p1[:, None] * p2_given
     return p1.numpy(), joint12.sum(0).numpy(), (joint12[..., None] * p3_given).sum((0, 1)).numpy()
 
@@ -76,7 +81,7 @@ def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch):
         rows = torch.arange(p.shape[0])
         return n_draft, sample(p[rows, n_draft], u_next)
 
-    monkeypatch.setattr(engine, "accept_sampled", accept_everything)
+    monkeypatch.setattr(sampling, "accept_sampled", accept_everything)
     target, bundle = small_vocab
     params = PARAMS[0]
     exact = exact_marginals(target, params)

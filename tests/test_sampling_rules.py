@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specc.errors import RequestError
-from specc.runtime.sampling import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample
+from specc.runtime.sampling import (RowParams, SamplingParams, accept, accept_greedy, accept_sampled,
+                                    probs_from_logits, sample)
 
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue
 
@@ -22,8 +23,34 @@ def test_processing_matches_transformers_warpers():
             ref = TopKLogitsWarper(k)(None, ref)
         if p < 1:
             ref = TopPLogitsWarper(p)(None, ref)
-        got = probs_from_logits(logits, SamplingParams(t, k, p))
+        rows = RowParams.of([SamplingParams(t, k, p)] * 4)
+        got = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
         assert torch.allclose(got, torch.softmax(ref, -1), atol=1e-6), (t, k, p)
+
+
+def test_processing_is_per_row():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 2, 40) * 2
+    settings = [SamplingParams(1.0), SamplingParams(0.5, 5), SamplingParams(1.5, 0, 0.7)]
+    rows = RowParams.of(settings)
+    batched = probs_from_logits(logits, rows.temperature, rows.top_k, rows.top_p)
+    for b, sp in enumerate(settings):
+        one = RowParams.of([sp])
+        assert torch.allclose(batched[b], probs_from_logits(logits[b:b + 1], one.temperature, one.top_k, one.top_p)[0])
+    assert (batched[1] > 0).sum(-1).tolist() == [5, 5]
+
+
+def test_mixed_greedy_and_sampled_rows():
+    """A greedy row in a sampled batch gets exactly the greedy result."""
+    torch.manual_seed(2)
+    logits = torch.randn(2, 4, 30)
+    draft = logits[:, :3].argmax(-1)
+    draft[0, 1] = (draft[0, 1] + 1) % 30  # row 0 (greedy) rejects at position 1
+    q = torch.softmax(torch.randn(2, 3, 30), -1)
+    params = RowParams.of([SamplingParams(0.0), SamplingParams(1.0)])
+    n, nxt = accept(logits, q, draft, torch.tensor([3, 3]), params, torch.rand(2, 3), torch.rand(2))
+    n_g, next_g = accept_greedy(logits, draft, torch.tensor([3, 3]))
+    assert n[0] == n_g[0] == 1 and nxt[0] == next_g[0]
 
 
 def test_sample_is_inverse_cdf():

@@ -107,3 +107,27 @@ def test_bad_requests(bundles, kwargs, message):
         return
     with pytest.raises(RequestError, match=message):
         model.generate(**kwargs, max_new_tokens=2) if "prompts" not in kwargs else model.generate(kwargs.pop("prompts"), max_new_tokens=2, **kwargs)
+
+
+def test_requests_join_a_running_batch(bundles, prompts):
+    """Continuous batching: rows admitted between rounds get the same output as alone."""
+    from specc.runtime.engine import Scheduler
+
+    model = specc.load(bundles["draft"])
+    greedy, sampled = model.sampling_params(0.0), model.sampling_params(1.0, 20, 0.9)
+    requests = [(prompts[i], greedy if i % 2 else sampled, 40 + i) for i in range(6)]
+    sched = Scheduler(model, k=3)
+    outs: dict[int, list[int]] = {}
+    submitted = 0
+    while submitted < len(requests) or sched.busy:
+        if submitted < len(requests):  # a new request arrives every step
+            text, params, seed = requests[submitted]
+            sched.submit(model.new_sequence(submitted, model.encode([text])[0], 12, params, seed, k=3))
+            submitted += 1
+        for ev in sched.step():
+            outs[ev.index] = outs.get(ev.index, []) + ev.token_ids
+        assert sched.batch is None or len(sched.batch.seqs) <= model.max_batch
+    for i, (text, params, seed) in enumerate(requests):
+        alone = model.generate([text], max_new_tokens=12, k=3, seed=seed, temperature=params.temperature,
+                               top_k=params.top_k, top_p=params.top_p)[0]
+        assert outs[i] == alone.token_ids, i

@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from .kv_cache import KVCache
-from .sampling import SamplingParams, probs_from_logits, sample
+from .sampling import RowParams, choose
 from .state import Batch
 from .step import StepRunner, pad_right
 
@@ -18,19 +18,13 @@ from .step import StepRunner, pad_right
 class Drafter(Protocol):
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None: ...
 
-    def propose(self, batch: Batch, k: int, params: SamplingParams): ...
+    def propose(self, batch: Batch, k: int, params: RowParams): ...
 
     def after_verify(self, batch: Batch) -> None: ...
 
     def keep_rows(self, batch: Batch, rows: torch.Tensor) -> None: ...
 
-
-def choose(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor):
-    """Next token from logits [B, V]: argmax when greedy, else an inverse-CDF draw; returns (token, probs)."""
-    if params.greedy:
-        return logits.argmax(-1), None
-    probs = probs_from_logits(logits, params)
-    return sample(probs, u), probs
+    def extend(self, batch: Batch, other: Batch) -> None: ...
 
 
 class ModelDrafter:
@@ -46,7 +40,7 @@ class ModelDrafter:
         cache.commit(new_k, new_v, lengths)
         batch.draft_state = cache
 
-    def propose(self, batch: Batch, k: int, params: SamplingParams):
+    def propose(self, batch: Batch, k: int, params: RowParams):
         cache: KVCache = batch.draft_state
         # Feed what the draft cache lacks: the pending token, and after a fully accepted
         # round also the last draft token (its KV was never computed).
@@ -64,7 +58,7 @@ class ModelDrafter:
             if i + 1 < k:
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
-        q = None if params.greedy else torch.stack(probs, 1)
+        q = None if params.all_greedy else torch.stack(probs, 1)
         return torch.stack(tokens, 1), q, torch.full_like(n_feed, k)
 
     def after_verify(self, batch: Batch) -> None:
@@ -74,3 +68,6 @@ class ModelDrafter:
 
     def keep_rows(self, batch: Batch, rows: torch.Tensor) -> None:
         batch.draft_state.keep_rows(rows)
+
+    def extend(self, batch: Batch, other: Batch) -> None:
+        batch.draft_state.extend(other.draft_state)

@@ -1,10 +1,13 @@
 """SpecModel: a loaded bundle that generates text with speculative rounds.
 
 One round (chain):  draft k tokens → verify k+1 on the target → accept → commit.
+A Scheduler runs rounds over a batch that requests join and leave between rounds.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
@@ -15,9 +18,9 @@ from ..backends import LowerOptions, get_backend
 from ..bundle import Bundle, open_bundle
 from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
-from .drafters import ModelDrafter, choose
+from .drafters import ModelDrafter
 from .kv_cache import KVCache
-from .sampling import SamplingParams, accept_greedy, accept_sampled, probs_from_logits
+from .sampling import SamplingParams, accept, choose
 from .state import Batch, RowStats, Sequence
 from .step import StepRunner, pad_right
 from .text import TextStream
@@ -25,11 +28,12 @@ from .text import TextStream
 
 @dataclass
 class StreamEvent:
-    index: int  # which prompt
+    index: int  # which request
     text: str  # newly released text
     token_ids: list[int]  # newly generated tokens
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    stats: dict | None = None  # the request's speculation stats, on its last event
 
 
 @dataclass
@@ -43,7 +47,7 @@ class Completion:
 
 @dataclass
 class RunStats:
-    """Aggregate figures of one generate call."""
+    """Aggregate figures of one generate call (or one scheduler's life)."""
 
     requests: int = 0
     new_tokens: int = 0
@@ -115,143 +119,65 @@ class SpecModel:
         """Generate for every prompt; keyword arguments as in `stream`."""
         single = isinstance(prompts, str)
         collected: dict[int, list] = {}
+        stats: dict[int, dict] = {}
         for ev in self.stream([prompts] if single else prompts, **kwargs):
             text, ids, reason = collected.setdefault(ev.index, ["", [], None])
             collected[ev.index] = [text + ev.text, ids + ev.token_ids, ev.finish_reason or reason]
-        return [Completion(i, *collected[i], stats=self._row_stats[i].to_dict()) for i in sorted(collected)]
+            if ev.stats is not None:
+                stats[ev.index] = ev.stats
+        return [Completion(i, *collected[i], stats=stats[i]) for i in sorted(collected)]
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
                chat: bool = False) -> Iterator[StreamEvent]:
-        """Yield text as rounds complete. Rows are batched max_batch at a time.
+        """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
         same compiled target without drafting (the in-run baseline).
         """
-        params = SamplingParams(
+        params = self.sampling_params(temperature, top_k, top_p)
+        encoded = self.encode(prompts, chat)
+        seeds = _seeds(seed, len(encoded))
+        scheduler = Scheduler(self, speculative=speculative, k=k)
+        for i, ids in enumerate(encoded):
+            scheduler.submit(self.new_sequence(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.k))
+        self.last_stats = scheduler.stats
+        while scheduler.busy:
+            yield from scheduler.step()
+
+    # -- requests ---------------------------------------------------------------------
+    def sampling_params(self, temperature=None, top_k=None, top_p=None) -> SamplingParams:
+        """Request settings over the recipe's defaults, validated."""
+        return SamplingParams(
             self.defaults.temperature if temperature is None else temperature,
             self.defaults.top_k if top_k is None else top_k,
             self.defaults.top_p if top_p is None else top_p,
         ).validate()
-        k = self.k if k is None else k
-        speculative = speculative and self.can_speculate
-        encoded = self._encode(prompts, chat)
-        seeds = self._seeds(seed, len(encoded))
-        self._validate(encoded, max_new_tokens, k if speculative else 0, stop)
-        self.last_stats = stats = RunStats(requests=len(encoded))
-        self._row_stats = {}
-        start = time.perf_counter()
-        for lo in range(0, len(encoded), self.max_batch):
-            seqs = [
-                Sequence(i, encoded[i], max_new_tokens, torch.Generator().manual_seed(seeds[i]))
-                for i in range(lo, min(lo + self.max_batch, len(encoded)))
-            ]
-            yield from self._run(seqs, params, k, speculative, tuple(stop), stats)
-        stats.seconds = time.perf_counter() - start
 
-    # -- the loop ---------------------------------------------------------------------
-    def _run(self, seqs: list[Sequence], params: SamplingParams, k: int, speculative: bool,
-             stop: tuple[str, ...], stats: RunStats) -> Iterator[StreamEvent]:
-        texts = {s.index: TextStream(self.tokenizer, stop) for s in seqs}
-        batch, first = self._prefill(seqs, params, k if speculative else 0, stats)
-        yield from self._advance(batch, first, texts, stats)
-        while batch.seqs:
-            if speculative:
-                new_tokens = self._speculative_round(batch, k, params, stats)
-            else:
-                new_tokens = self._target_round(batch, params, stats)
-            yield from self._advance(batch, new_tokens, texts, stats)
+    def new_sequence(self, index: int, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
+                     seed: int, stop: Seq[str] = (), k: int = 0) -> Sequence:
+        """A validated request, ready for `Scheduler.submit`."""
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise RequestError(f"stop must be a list of non-empty strings, got {stop!r}")
+        need = len(prompt_ids) + max_new_tokens + k + 1
+        if need > self.max_context:
+            raise RequestError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens {max_new_tokens} + speculation {k + 1} = {need} tokens, "
+                f"above this bundle's max_context {self.max_context}; shorten the prompt or max_new_tokens, "
+                "or compile with a larger limits.max_context"
+            )
+        return Sequence(index, list(prompt_ids), max_new_tokens, params, torch.Generator().manual_seed(seed),
+                        TextStream(self.tokenizer, tuple(stop)))
 
-    def _prefill(self, seqs: list[Sequence], params: SamplingParams, k: int, stats: RunStats) -> tuple[Batch, list[list[int]]]:
-        """Run the prompts through the target (and draft); returns the batch and each row's first token."""
-        start = time.perf_counter()
-        ids, lengths = pad_right([s.prompt for s in seqs], self.device)
-        cache = KVCache(self.target.dims, len(seqs), self.max_context, self.device)
-        cache.ensure(int(lengths.max()) + k + 1)
-        batch = Batch(seqs, cache)
-        logits, new_k, new_v = self.target(ids, cache, logit_index=(lengths - 1)[:, None])
-        cache.commit(new_k, new_v, lengths)
-        token, _ = choose(logits[:, 0], params, batch.noise(1)[:, 0])
-        if k and self.drafter is not None:
-            self.drafter.prefill(batch, ids, lengths)
-        stats.prefill_seconds += time.perf_counter() - start
-        return batch, [[t] for t in token.tolist()]
-
-    def _target_round(self, batch: Batch, params: SamplingParams, stats: RunStats) -> list[list[int]]:
-        """The baseline: one target pass per token."""
-        cache = batch.cache
-        cache.ensure(int(cache.lengths.max()) + 1)
-        start = time.perf_counter()
-        logits, new_k, new_v = self.target(batch.pending[:, None], cache, logit_index=torch.zeros_like(cache.lengths)[:, None])
-        stats.target_seconds += time.perf_counter() - start
-        cache.commit(new_k, new_v, torch.ones_like(cache.lengths))
-        token, _ = choose(logits[:, 0], params, batch.noise(1)[:, 0])
-        return [[t] for t in token.tolist()]
-
-    def _speculative_round(self, batch: Batch, k: int, params: SamplingParams, stats: RunStats) -> list[list[int]]:
-        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
-        start = time.perf_counter()
-        draft, q, n_draft = self.drafter.propose(batch, k, params)
-        drafted = time.perf_counter()
-        cache = batch.cache
-        cache.ensure(int(cache.lengths.max()) + k + 1)
-        ids = torch.cat([batch.pending[:, None], draft], dim=1)
-        rows = torch.arange(k + 1, device=ids.device).expand(ids.shape[0], -1)
-        logits, new_k, new_v = self.target(ids, cache, logit_index=rows)
-        stats.draft_seconds += drafted - start
-        stats.target_seconds += time.perf_counter() - drafted
-        if params.greedy:
-            n_acc, nxt = accept_greedy(logits, draft, n_draft)
-        else:
-            u = batch.noise(k + 1)
-            n_acc, nxt = accept_sampled(probs_from_logits(logits, params), q, draft, n_draft, u[:, :k], u[:, k])
-        cache.commit(new_k, new_v, n_acc + 1)
-        self.drafter.after_verify(batch)
-        out = []
-        for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
-            batch.seqs[b].stats.record(d, n)
-            out.append(draft[b, :n].tolist() + [t])
-        return out
-
-    def _advance(self, batch: Batch, new_tokens: list[list[int]], texts: dict, stats: RunStats) -> Iterator[StreamEvent]:
-        """Append each row's new tokens, stop rows at EOS / length / stop strings, emit text."""
-        keep = []
-        for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
-            taken = []
-            for t in toks:
-                if t in self.eos_ids:
-                    seq.finish_reason = "stop"
-                    break
-                taken.append(t)
-                if len(seq.out) + len(taken) >= seq.max_new_tokens:
-                    seq.finish_reason = "length"
-                    break
-            seq.out.extend(taken)
-            stats.new_tokens += len(taken)
-            text, hit_stop = texts[seq.index].update(seq.out, final=seq.finish_reason is not None)
-            if hit_stop:
-                seq.finish_reason = "stop"
-            if text or taken or seq.finish_reason:
-                yield StreamEvent(seq.index, text, taken, seq.finish_reason is not None, seq.finish_reason)
-            if seq.finish_reason:
-                stats.speculation.merge(seq.stats)
-                self._row_stats[seq.index] = seq.stats
-            else:
-                keep.append(b)
-        if len(keep) < len(batch.seqs):
-            rows = torch.tensor(keep, dtype=torch.long, device=self.device)
-            batch.seqs = [batch.seqs[b] for b in keep]
-            if keep:
-                batch.cache.keep_rows(rows)
-                if batch.draft_state is not None:
-                    self.drafter.keep_rows(batch, rows)
-
-    # -- requests ---------------------------------------------------------------------
-    def _encode(self, prompts, chat: bool) -> list[list[int]]:
+    def encode(self, prompts, chat: bool = False) -> list[list[int]]:
+        """Token ids of each prompt (strings, or token-id lists checked against the vocabulary)."""
         if isinstance(prompts, str) or not isinstance(prompts, Seq) or len(prompts) == 0:
             raise RequestError("prompts must be a non-empty list of strings (or of token-id lists)")
+        vocab = self.target.dims.vocab_size
         out = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
@@ -264,9 +190,9 @@ class SpecModel:
                     ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
             elif isinstance(p, Seq) and p and all(isinstance(t, int) for t in p):
                 ids = list(p)
-                bad = [t for t in ids if not 0 <= t < self.target.dims.vocab_size]
+                bad = [t for t in ids if not 0 <= t < vocab]
                 if bad:
-                    raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {self.target.dims.vocab_size}): {bad[:5]}")
+                    raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
             else:
                 raise RequestError(f"prompt {i} must be a non-empty string or list of token ids, got {type(p).__name__}")
             if not ids:
@@ -274,29 +200,158 @@ class SpecModel:
             out.append(list(ids))
         return out
 
-    @staticmethod
-    def _seeds(seed, n: int) -> list[int]:
-        if isinstance(seed, int):
-            return [seed + i for i in range(n)]
-        seeds = list(seed)
-        if len(seeds) != n or not all(isinstance(s, int) for s in seeds):
-            raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
-        return seeds
 
-    def _validate(self, encoded: list[list[int]], max_new_tokens: int, k: int, stop) -> None:
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError(f"stop must be a list of non-empty strings, got {stop!r}")
-        if k and not 1 <= k <= 16:
-            raise RequestError(f"k must be in [1, 16], got {k}")
-        longest = max(len(p) for p in encoded)
-        need = longest + max_new_tokens + k + 1
-        if need > self.max_context:
-            raise RequestError(
-                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} + speculation {k + 1} = {need} tokens, "
-                f"above this bundle's max_context {self.max_context}; shorten the prompt or max_new_tokens, or compile with a larger limits.max_context"
-            )
+class Scheduler:
+    """Continuous batching: requests wait in a queue and join the running batch between rounds.
+
+    `submit` may be called from any thread; `step` from one thread at a time. Each step
+    prefills the waiting requests that fit in max_batch, then runs one round over the batch.
+    """
+
+    def __init__(self, model: SpecModel, speculative: bool = True, k: int | None = None):
+        self.model = model
+        self.speculative = speculative and model.can_speculate
+        self.k = (model.k if k is None else k) if self.speculative else 0
+        if self.speculative and not (isinstance(self.k, int) and 1 <= self.k <= 16):
+            raise RequestError(f"k must be in [1, 16], got {self.k!r}")
+        self.waiting: deque[Sequence] = deque()
+        self.batch: Batch | None = None
+        self.stats = RunStats()
+        self._lock = threading.Lock()
+
+    def submit(self, seq: Sequence) -> None:
+        with self._lock:
+            self.waiting.append(seq)
+            self.stats.requests += 1
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or self.batch is not None
+
+    def step(self) -> list[StreamEvent]:
+        start = time.perf_counter()
+        events = self._admit()
+        if self.batch is not None:
+            if self.speculative:
+                new_tokens = self._speculative_round(self.batch)
+            else:
+                new_tokens = self._target_round(self.batch)
+            events += self._advance(self.batch, new_tokens)
+            if not self.batch.seqs:
+                self.batch = None
+        self.stats.seconds += time.perf_counter() - start
+        return events
+
+    # -- the rounds -----------------------------------------------------------------------
+    def _admit(self) -> list[StreamEvent]:
+        """Prefill waiting requests into free rows; emit their first tokens."""
+        with self._lock:
+            room = self.model.max_batch - (len(self.batch.seqs) if self.batch else 0)
+            seqs = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        if not seqs:
+            return []
+        batch, first = self._prefill(seqs)
+        events = self._advance(batch, first)
+        if batch.seqs:
+            if self.batch is None:
+                self.batch = batch
+            else:
+                self.batch.extend(batch)
+                if self.speculative:
+                    self.model.drafter.extend(self.batch, batch)
+        return events
+
+    def _prefill(self, seqs: list[Sequence]) -> tuple[Batch, list[list[int]]]:
+        """Run the prompts through the target (and draft); returns the batch and each row's first token."""
+        start = time.perf_counter()
+        m = self.model
+        ids, lengths = pad_right([s.prompt for s in seqs], m.device)
+        cache = KVCache(m.target.dims, len(seqs), m.max_context, m.device)
+        cache.ensure(int(lengths.max()) + self.k + 1)
+        batch = Batch(seqs, cache)
+        logits, new_k, new_v = m.target(ids, cache, logit_index=(lengths - 1)[:, None])
+        cache.commit(new_k, new_v, lengths)
+        token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
+        if self.speculative:
+            m.drafter.prefill(batch, ids, lengths)
+        self.stats.prefill_seconds += time.perf_counter() - start
+        return batch, [[t] for t in token.tolist()]
+
+    def _target_round(self, batch: Batch) -> list[list[int]]:
+        """The baseline: one target pass per token."""
+        cache = batch.cache
+        cache.ensure(int(cache.lengths.max()) + 1)
+        start = time.perf_counter()
+        logits, new_k, new_v = self.model.target(batch.pending[:, None], cache,
+                                                 logit_index=torch.zeros_like(cache.lengths)[:, None])
+        self.stats.target_seconds += time.perf_counter() - start
+        cache.commit(new_k, new_v, torch.ones_like(cache.lengths))
+        token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
+        return [[t] for t in token.tolist()]
+
+    def _speculative_round(self, batch: Batch) -> list[list[int]]:
+        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
+        k, params = self.k, batch.params
+        start = time.perf_counter()
+        draft, q, n_draft = self.model.drafter.propose(batch, k, params)
+        drafted = time.perf_counter()
+        cache = batch.cache
+        cache.ensure(int(cache.lengths.max()) + k + 1)
+        ids = torch.cat([batch.pending[:, None], draft], dim=1)
+        rows = torch.arange(k + 1, device=ids.device).expand(ids.shape[0], -1)
+        logits, new_k, new_v = self.model.target(ids, cache, logit_index=rows)
+        self.stats.draft_seconds += drafted - start
+        self.stats.target_seconds += time.perf_counter() - drafted
+        u = batch.noise(k + 1)
+        n_acc, nxt = accept(logits, q, draft, n_draft, params, u[:, :k], u[:, k])
+        cache.commit(new_k, new_v, n_acc + 1)
+        self.model.drafter.after_verify(batch)
+        out = []
+        for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
+            batch.seqs[b].stats.record(d, n)
+            out.append(draft[b, :n].tolist() + [t])
+        return out
+
+    def _advance(self, batch: Batch, new_tokens: list[list[int]]) -> list[StreamEvent]:
+        """Append each row's new tokens, stop rows at EOS / length / stop strings, emit text."""
+        events, keep = [], []
+        for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
+            taken = []
+            for t in toks:
+                if t in self.model.eos_ids:
+                    seq.finish_reason = "stop"
+                    break
+                taken.append(t)
+                if len(seq.out) + len(taken) >= seq.max_new_tokens:
+                    seq.finish_reason = "length"
+                    break
+            seq.out.extend(taken)
+            self.stats.new_tokens += len(taken)
+            text, hit_stop = seq.text.update(seq.out, final=seq.finish_reason is not None)
+            if hit_stop:
+                seq.finish_reason = "stop"
+            done = seq.finish_reason is not None
+            if text or taken or done:
+                events.append(StreamEvent(seq.index, text, taken, done, seq.finish_reason,
+                                          seq.stats.to_dict() if done else None))
+            if done:
+                self.stats.speculation.merge(seq.stats)
+            else:
+                keep.append(b)
+        if len(keep) < len(batch.seqs):
+            rows = batch.keep_rows(keep)
+            if self.speculative and keep:
+                self.model.drafter.keep_rows(batch, rows)
+        return events
+
+
+def _seeds(seed, n: int) -> list[int]:
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return [seed + i for i in range(n)]
+    seeds = list(seed) if isinstance(seed, Seq) else []
+    if len(seeds) != n or not all(isinstance(s, int) for s in seeds):
+        raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
+    return seeds
 
 
 def load(path: str | Path, verify: bool = True) -> SpecModel:

@@ -61,3 +61,11 @@ class KVCache:
         self.k = self.k.index_select(1, rows).contiguous()
         self.v = self.v.index_select(1, rows).contiguous()
         self.lengths = self.lengths.index_select(0, rows)
+
+    def extend(self, other: "KVCache") -> None:
+        """Append other's rows along the batch axis, padding the smaller capacity."""
+        self.ensure(other.capacity)
+        other.ensure(self.capacity)
+        self.k = torch.cat([self.k, other.k], dim=1)
+        self.v = torch.cat([self.v, other.v], dim=1)
+        self.lengths = torch.cat([self.lengths, other.lengths])

@@ -39,20 +39,50 @@ class SamplingParams:
         return self
 
 
-def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p; float32 probabilities over the last axis."""
-    logits = logits.float() / params.temperature
-    if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+@dataclass
+class RowParams:
+    """Per-row sampling settings of a batch as tensors ([B] each); rows may differ."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], device=None) -> "RowParams":
+        return cls(
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+        )
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool(self.greedy.all())
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                      top_p: torch.Tensor) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, per row: logits [B, ..., V], settings [B].
+
+    float32 probabilities. Greedy rows (temperature 0) get a finite but meaningless
+    distribution; callers take the argmax for them.
+    """
+    shape = (-1,) + (1,) * (logits.dim() - 1)
+    logits = logits.float() / temperature.clamp(min=1e-6).view(shape)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).view(shape)
+    kth = sorted_logits.gather(-1, (k - 1).expand(*sorted_logits.shape[:-1], 1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    sorted_p = torch.softmax(sorted_logits, dim=-1)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
+    sorted_p = sorted_p.masked_fill(before >= top_p.view(shape), 0.0)
+    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
+    return torch.zeros_like(sorted_p).scatter(-1, order, sorted_p)
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -66,6 +96,16 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def _leading(ok: torch.Tensor) -> torch.Tensor:
     """Number of leading True per row of a [B, k] bool tensor."""
     return torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1)
+
+
+def choose(logits: torch.Tensor, params: RowParams, u: torch.Tensor):
+    """Next token per row from logits [B, V]: argmax for greedy rows, an inverse-CDF draw with
+    noise u [B] for the others. Returns (tokens [B], probs [B, V] or None if all rows are greedy)."""
+    best = logits.argmax(-1)
+    if params.all_greedy:
+        return best, None
+    probs = probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+    return torch.where(params.greedy, best, sample(probs, u)), probs
 
 
 def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, n_draft: torch.Tensor):
@@ -100,3 +140,14 @@ def accept_sampled(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
     mass = residual.sum(-1, keepdim=True)
     residual = torch.where(mass > 1e-12, residual / mass.clamp(min=1e-30), p_n)
     return n_acc, sample(residual, u_next)
+
+
+def accept(target_logits: torch.Tensor, q: torch.Tensor | None, draft_tokens: torch.Tensor, n_draft: torch.Tensor,
+           params: RowParams, u_accept: torch.Tensor, u_next: torch.Tensor):
+    """Acceptance for a batch whose rows may be greedy or sampled: (n_accepted [B], next_token [B])."""
+    n_g, next_g = accept_greedy(target_logits, draft_tokens, n_draft)
+    if params.all_greedy:
+        return n_g, next_g
+    p = probs_from_logits(target_logits, params.temperature, params.top_k, params.top_p)
+    n_s, next_s = accept_sampled(p, q, draft_tokens, n_draft, u_accept, u_next)
+    return torch.where(params.greedy, n_g, n_s), torch.where(params.greedy, next_g, next_s)

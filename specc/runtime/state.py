@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv_cache import KVCache
+from .sampling import RowParams, SamplingParams
+from .text import TextStream
 
 
 @dataclass
@@ -59,10 +61,11 @@ class Sequence:
     index: int
     prompt: list[int]
     max_new_tokens: int
+    params: SamplingParams
     generator: torch.Generator
+    text: TextStream
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    text: str = ""  # text released so far (stop strings and partial characters held back)
     stats: RowStats = field(default_factory=RowStats)
 
     @property
@@ -81,9 +84,25 @@ class Batch:
     draft_state: object = None
 
     @property
+    def params(self) -> RowParams:
+        return RowParams.of([s.params for s in self.seqs], self.cache.lengths.device)
+
+    @property
     def pending(self) -> torch.Tensor:
         return torch.tensor([s.out[-1] for s in self.seqs], dtype=torch.long, device=self.cache.lengths.device)
 
     def noise(self, n: int) -> torch.Tensor:
         """[B, n] uniforms from each row's own generator (so a row's result depends only on its seed)."""
         return torch.stack([torch.rand(n, generator=s.generator) for s in self.seqs]).to(self.cache.lengths.device)
+
+    def keep_rows(self, keep: list[int]) -> torch.Tensor:
+        """Keep only these rows (in order) in the sequences and the target cache; returns their index tensor."""
+        rows = torch.tensor(keep, dtype=torch.long, device=self.cache.lengths.device)
+        self.seqs = [self.seqs[b] for b in keep]
+        self.cache.keep_rows(rows)
+        return rows
+
+    def extend(self, other: "Batch") -> None:
+        """Append another batch's rows (continuous batching)."""
+        self.seqs += other.seqs
+        self.cache.extend(other.cache)

@@ -165,8 +165,12 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("device", f"backend {r.backend!r} needs device 'cuda'")
     if r.precision != "fp32" and r.device == "cpu":
         raise RecipeError("precision", f"{r.precision!r} is for GPU backends; on cpu use fp32")
-    if r.speculation.mode == "tree" and d.method == "none":
-        raise RecipeError("speculation.mode", "tree speculation needs a draft method other than 'none'")
+    if r.speculation.mode == "tree":
+        if d.method not in ("model", "quantized", "early_exit"):
+            raise RecipeError("speculation.mode", f"tree speculation needs a draft model (draft.method model, quantized or early_exit), not {d.method!r}")
+        from .runtime.tree import TreeShape
+
+        TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
 
 
 def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:

@@ -36,13 +36,24 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
 
 @pytest.fixture(scope="session")
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
-    """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected)."""
+    """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
+    'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths)."""
     root = tmp_path_factory.mktemp("bundles")
     t = models_dir / "target"
+    draft = {"method": "model", "model": str(models_dir / "draft")}
+    wrong = {"method": "model", "model": str(models_dir / "wrong")}
+    itself = {"method": "model", "model": str(t)}
+    dynamic = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 8}}
+    static = {"mode": "tree", "tree": {"paths": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}}
+    chain_paths = {"mode": "tree", "tree": {"paths": [[0], [0, 0], [0, 0, 0]]}}
     return {
-        "draft": build_bundle(root / "draft", t, {"method": "model", "model": str(models_dir / "draft")}),
-        "self": build_bundle(root / "self", t, {"method": "model", "model": str(t)}, backend="torch"),
-        "wrong": build_bundle(root / "wrong", t, {"method": "model", "model": str(models_dir / "wrong")}, backend="torch"),
+        "draft": build_bundle(root / "draft", t, draft),
+        "self": build_bundle(root / "self", t, itself, backend="torch"),
+        "wrong": build_bundle(root / "wrong", t, wrong, backend="torch"),
+        "tree_dynamic": build_bundle(root / "tree_dynamic", t, draft, speculation=dynamic),
+        "tree_static": build_bundle(root / "tree_static", t, draft, backend="torch", speculation=static),
+        "tree_self": build_bundle(root / "tree_self", t, itself, backend="torch", speculation=static),
+        "tree_wrong": build_bundle(root / "tree_wrong", t, wrong, backend="torch", speculation=chain_paths),
     }
 
 

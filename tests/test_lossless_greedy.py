@@ -7,6 +7,7 @@ import specc
 
 
 def _mismatches(model, prompts, batch, **spec):
+    spec = spec if model.tree is None else {}  # trees draft the recipe's shape
     """Indices of prompts whose speculative output differs from target-only; also the speculative stats."""
     from specc.runtime.engine import RunStats
 
@@ -30,16 +31,27 @@ def test_real_draft_matches_target_only(bundles, prompts, batch, k):
     assert stats["rounds"] > 0 and 0 < stats["acceptance_rate"] < 1
 
 
-def test_always_wrong_draft_accepts_nothing_and_still_matches(bundles, prompts):
-    model = specc.load(bundles["wrong"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("tree", ["tree_dynamic", "tree_static"])
+def test_tree_matches_target_only(bundles, prompts, batch, tree):
+    model = specc.load(bundles[tree])
+    bad, stats = _mismatches(model, prompts, batch)
+    assert bad == []
+    assert 0 < stats["acceptance_rate"] < 1
+
+
+@pytest.mark.parametrize("name", ["wrong", "tree_wrong"])
+def test_always_wrong_draft_accepts_nothing_and_still_matches(bundles, prompts, name):
+    model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, 4, k=3)
     assert bad == []
     assert stats["drafted"] > 0 and stats["accepted"] == 0
     assert stats["tokens_per_target_pass"] == 1.0
 
 
-def test_draft_equal_to_target_accepts_everything(bundles, prompts):
-    model = specc.load(bundles["self"])
+@pytest.mark.parametrize("name", ["self", "tree_self"])
+def test_draft_equal_to_target_accepts_everything(bundles, prompts, name):
+    model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, 4, k=4)
     assert bad == []
     assert stats["acceptance_rate"] == 1.0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specc
-from specc.runtime import sampling
+from specc.runtime import engine, sampling
 from specc.runtime.sampling import RowParams, SamplingParams, probs_from_logits, sample
 from specc.testing import derive_draft, make_tiny_model
 
@@ -24,9 +24,12 @@ def small_vocab(tmp_path_factory):
     root = tmp_path_factory.mktemp("smallvocab")
     target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
     draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
-    bundle = build_bundle(root / "bundle", target, {"method": "model", "model": str(draft)},
-                          limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
-    return target, bundle
+    limits = {"max_batch": 512, "max_context": 64}
+    chain = build_bundle(root / "chain", target, {"method": "model", "model": str(draft)}, limits=limits,
+                         speculation={"k": 2})
+    tree = build_bundle(root / "tree", target, {"method": "model", "model": str(draft)}, limits=limits, backend="torch",
+                        speculation={"mode": "tree", "tree": {"depth": 2, "branching": 2, "max_nodes": 6}})
+    return target, {"chain": chain, "tree": tree}
 
 
 def exact_marginals(target_dir, params: SamplingParams):
@@ -55,7 +58,7 @@ def draw(bundle, params: SamplingParams):
     model = specc.load(bundle)
     out = []
     for lo in range(0, N, 512):
-        done = model.generate([PROMPT] * 512, max_new_tokens=3, k=2, seed=list(range(lo, lo + 512)),
+        done = model.generate([PROMPT] * 512, max_new_tokens=3, seed=list(range(lo, lo + 512)),
                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
         out += [c.token_ids for c in done]
     assert all(len(t) == 3 for t in out)
@@ -66,25 +69,39 @@ def draw(bundle, params: SamplingParams):
 PARAMS = [SamplingParams(1.0), SamplingParams(0.8, 6, 0.9)]
 
 
+@pytest.mark.parametrize("mode", ["chain", "tree"])
 @pytest.mark.parametrize("params", PARAMS, ids=["t1.0", "t0.8-k6-p0.9"])
-def test_sampled_output_has_target_distribution(small_vocab, params):
-    target, bundle = small_vocab
+def test_sampled_output_has_target_distribution(small_vocab, params, mode):
+    target, bundles = small_vocab
     exact = exact_marginals(target, params)
-    samples, stats = draw(bundle, params)
+    samples, stats = draw(bundles[mode], params)
     assert 0.05 < stats["acceptance_rate"] < 0.95, "the draft must differ from the target for this test to mean anything"
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
 
-def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch):
-    def accept_everything(p, q, draft, n_draft, u_accept, u_next):
-        rows = torch.arange(p.shape[0])
-        return n_draft, sample(p[rows, n_draft], u_next)
+def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
+    rows = torch.arange(p.shape[0])
+    return n_draft, sample(p[rows, n_draft], u_next)
 
-    monkeypatch.setattr(sampling, "accept_sampled", accept_everything)
-    target, bundle = small_vocab
+
+def _accept_first_child(p, tree, u):
+    """Wrong tree rule: follow the first child at every node, bonus from p."""
+    path = [0]
+    while tree.children.get(path[-1]):
+        path.append(tree.children[path[-1]][0])
+    return path, int(sample(p[path[-1]][None], u[-1:])[0])
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch, mode):
+    if mode == "chain":
+        monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
+    else:
+        monkeypatch.setattr(engine, "accept_tree_sampled", _accept_first_child)
+    target, bundles = small_vocab
     params = PARAMS[0]
     exact = exact_marginals(target, params)
-    samples, _ = draw(bundle, params)
+    samples, _ = draw(bundles[mode], params)
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P

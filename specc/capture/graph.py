@@ -72,6 +72,7 @@ class StepGraph:
             if node.op == "call_module" and node.target == "_guards_fn":
                 gm.graph.erase_node(node)
         gm.graph._codegen = torch.fx.graph.CodeGen()  # plain positional signature, editable
+        gm._forward_pre_hooks.clear()  # the exported-input-spec check; passes change the inputs
         gm.recompile()
         return cls(role, gm, inputs, outputs, ranges, dims)
 

@@ -3,25 +3,27 @@ from __future__ import annotations
 
 from ..recipe import Recipe
 from .base import GraphPass, PassContractError
+from .replace_causal_mask import ReplaceCausalMask
 
 
 def build_pipeline(recipe: Recipe, role: str) -> list[GraphPass]:
     """The ordered passes for one graph ("target" or "draft") of this recipe."""
-    return []
+    passes: list[GraphPass] = []
+    if recipe.speculation.mode == "tree":
+        passes.append(ReplaceCausalMask())
+    return passes
 
 
 def describe_passes() -> str:
     """Every pass with its contract, for `specc passes`."""
     lines = []
     for cls in ALL_PASSES:
-        p = cls.__new__(cls)
         lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
         lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
         lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
-        del p
     return "\n".join(lines) if lines else "no passes registered"
 
 
-ALL_PASSES: list[type[GraphPass]] = []
+ALL_PASSES: list[type[GraphPass]] = [ReplaceCausalMask]
 
 __all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

@@ -6,7 +6,7 @@ a message naming the pass, not with a wrong engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ..capture.graph import StepGraph
@@ -31,13 +31,12 @@ def lacks_output(name: str) -> GraphProperty:
     return GraphProperty(f"no-output:{name}", lambda g: name not in g.outputs, f"no graph output {name!r}")
 
 
-@dataclass
 class GraphPass:
     """Subclasses set name/requires/ensures and implement `apply`, which edits the graph in place."""
 
-    requires: tuple[GraphProperty, ...] = field(default=(), init=False)
-    ensures: tuple[GraphProperty, ...] = field(default=(), init=False)
-    name: str = field(default="", init=False)
+    name: str = ""
+    requires: tuple[GraphProperty, ...] = ()
+    ensures: tuple[GraphProperty, ...] = ()
 
     def apply(self, graph: StepGraph) -> str:
         """Rewrite graph; return one line saying what changed."""
@@ -47,8 +46,12 @@ class GraphPass:
         for prop in self.requires:
             if not prop.check(graph):
                 raise PassContractError(f"pass {self.name} requires {prop.doc} in the {graph.role} graph, which it lacks")
+        before = set(graph.gm.graph.nodes)
         note = self.apply(graph)
         graph.finish_edit()
+        for node in graph.gm.graph.nodes:  # provenance, for diagnostics such as op-coverage checks
+            if node not in before:
+                node.meta.setdefault("specc_pass", self.name)
         for prop in self.ensures:
             if not prop.check(graph):
                 raise PassContractError(f"pass {self.name} promised {prop.doc} in the {graph.role} graph but did not deliver it")

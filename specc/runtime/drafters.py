@@ -10,9 +10,10 @@ from typing import Protocol
 import torch
 
 from .kv_cache import KVCache
-from .sampling import RowParams, choose
+from .sampling import RowParams, choose, probs_from_logits, sample
 from .state import Batch
 from .step import StepRunner, pad_right
+from .tree import DraftTree, TreeShape, tree_tensors
 
 
 class Drafter(Protocol):
@@ -61,6 +62,37 @@ class ModelDrafter:
         q = None if params.all_greedy else torch.stack(probs, 1)
         return torch.stack(tokens, 1), q, torch.full_like(n_feed, k)
 
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        """Grow one token tree per row, level by level (see runtime/tree.py for the candidate rules).
+
+        The first call feeds what the draft cache lacks (ending with the root) and commits it;
+        each further call runs all drafted nodes with their ancestor mask at depth-based
+        positions, reading logits at the newest level only.
+        """
+        cache: KVCache = batch.draft_state
+        lengths = cache.lengths.tolist()
+        feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
+        cache.ensure(max(lengths) + feed.shape[1] + shape.size)
+        logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
+        cache.commit(new_k, new_v, n_feed)
+        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
+        noise = batch.noise(shape.size + 1)
+        frontier = [[0] for _ in trees]
+        for level in range(1, shape.depth + 1):
+            probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+            logq = torch.log_softmax(logits.float(), -1)
+            frontier = [
+                _expand(tree, frontier[b], None if params.greedy[b] else probs[b], logq[b], shape, level, noise[b])
+                for b, tree in enumerate(trees)
+            ]
+            if level == shape.depth or not any(frontier):
+                break
+            ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
+            index, _ = pad_right([[n - 1 for n in f] or [0] for f in frontier], cache.lengths.device)
+            positions = cache.lengths[:, None] - 1 + depth
+            logits, _, _ = self.step(ids, cache, logit_index=index, positions=positions, tree_mask=mask)
+        return trees
+
     def after_verify(self, batch: Batch) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
         cache: KVCache = batch.draft_state
@@ -71,3 +103,39 @@ class ModelDrafter:
 
     def extend(self, batch: Batch, other: Batch) -> None:
         batch.draft_state.extend(other.draft_state)
+
+
+def _expand(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, logq: torch.Tensor,
+            shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
+    """Add children to this level's frontier nodes; returns the new nodes.
+
+    probs [F, V]: the draft distribution at each frontier node (sampled rows), None for greedy
+    rows; logq [F, V]: draft log-probabilities. Greedy candidates are the top tokens; sampled
+    candidates are i.i.d. draws from q, whose values never decide how many candidates a node gets.
+    """
+    wanted = shape.children_at_level(level)
+    if wanted is None:  # dynamic: expand the most likely paths first, within the node budget
+        order = sorted(range(len(frontier)), key=lambda i: -tree.score[frontier[i]])
+        counts = {}
+        for i in order:
+            if tree.size + sum(counts.values()) + shape.branching <= shape.max_nodes:
+                counts[i] = shape.branching
+    else:
+        counts = {i: wanted.get(tree.path[node], 0) for i, node in enumerate(frontier)}
+    new = []
+    for i, node in enumerate(frontier):
+        m = counts.get(i, 0)
+        if m == 0:
+            continue
+        if probs is None:
+            top = torch.topk(logq[i], m)
+            for rank, (tok, lq) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
+                new.append(tree.add(node, tok, lq, rank))
+        else:
+            q = probs[i]
+            tree.q[node] = q
+            for rank in range(m):
+                slot = tree.size + 1  # the index the new node gets: one noise value per node
+                tok = int(sample(q[None], noise[slot:slot + 1])[0])
+                new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
+    return new

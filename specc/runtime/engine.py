@@ -20,10 +20,11 @@ from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
 from .drafters import ModelDrafter
 from .kv_cache import KVCache
-from .sampling import SamplingParams, accept, choose
+from .sampling import SamplingParams, accept, choose, probs_from_logits
 from .state import Batch, RowStats, Sequence
 from .step import StepRunner, pad_right
 from .text import TextStream
+from .tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
 
 
 @dataclass
@@ -90,6 +91,8 @@ class SpecModel:
         self.max_batch = recipe["limits"]["max_batch"]
         self.max_context = recipe["limits"]["max_context"]
         self.k = recipe["speculation"]["k"]
+        spec = recipe["speculation"]
+        self.tree = TreeShape.from_recipe(spec["tree"]) if spec["mode"] == "tree" else None
         self.defaults = SamplingParams(**recipe["sampling"])
         self.eos_ids = set(m["tokenizer"]["eos_token_ids"])
         self.target = self._load_graph("target")
@@ -108,7 +111,7 @@ class SpecModel:
             raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
         options = LowerOptions(self.bundle.recipe["precision"], str(self.device), entry.get("quantize"))
         runner = self.backend.load(self.bundle.path / entry["dir"], entry, options)
-        return StepRunner(runner, ModelDims(**entry["model"]), self.device)
+        return StepRunner(runner, ModelDims(**entry["model"]), self.device, [i["name"] for i in entry["inputs"]])
 
     @property
     def can_speculate(self) -> bool:
@@ -135,14 +138,15 @@ class SpecModel:
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
-        same compiled target without drafting (the in-run baseline).
+        same compiled target without drafting (the in-run baseline). k sets the chain length
+        (chain bundles); tree bundles draft the recipe's tree.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
         scheduler = Scheduler(self, speculative=speculative, k=k)
         for i, ids in enumerate(encoded):
-            scheduler.submit(self.new_sequence(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.k))
+            scheduler.submit(self.new_sequence(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.lookahead))
         self.last_stats = scheduler.stats
         while scheduler.busy:
             yield from scheduler.step()
@@ -158,7 +162,7 @@ class SpecModel:
 
     def new_sequence(self, index: int, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
                      seed: int, stop: Seq[str] = (), k: int = 0) -> Sequence:
-        """A validated request, ready for `Scheduler.submit`."""
+        """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead)."""
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
@@ -211,9 +215,12 @@ class Scheduler:
     def __init__(self, model: SpecModel, speculative: bool = True, k: int | None = None):
         self.model = model
         self.speculative = speculative and model.can_speculate
-        self.k = (model.k if k is None else k) if self.speculative else 0
-        if self.speculative and not (isinstance(self.k, int) and 1 <= self.k <= 16):
+        self.tree = model.tree if self.speculative else None
+        self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
+        if self.k and not (isinstance(self.k, int) and 1 <= self.k <= 16):
             raise RequestError(f"k must be in [1, 16], got {self.k!r}")
+        if k is not None and self.tree is not None:
+            raise RequestError("k applies to chain speculation; this bundle drafts a tree (speculation.tree in its recipe)")
         self.waiting: deque[Sequence] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()
@@ -225,6 +232,11 @@ class Scheduler:
             self.stats.requests += 1
 
     @property
+    def lookahead(self) -> int:
+        """Most drafted tokens a round adds to a row's cache beyond its pending token."""
+        return self.tree.size if self.tree is not None else self.k
+
+    @property
     def busy(self) -> bool:
         return bool(self.waiting) or self.batch is not None
 
@@ -232,7 +244,9 @@ class Scheduler:
         start = time.perf_counter()
         events = self._admit()
         if self.batch is not None:
-            if self.speculative:
+            if self.tree is not None:
+                new_tokens = self._tree_round(self.batch)
+            elif self.speculative:
                 new_tokens = self._speculative_round(self.batch)
             else:
                 new_tokens = self._target_round(self.batch)
@@ -267,7 +281,7 @@ class Scheduler:
         m = self.model
         ids, lengths = pad_right([s.prompt for s in seqs], m.device)
         cache = KVCache(m.target.dims, len(seqs), m.max_context, m.device)
-        cache.ensure(int(lengths.max()) + self.k + 1)
+        cache.ensure(int(lengths.max()) + self.lookahead + 1)
         batch = Batch(seqs, cache)
         logits, new_k, new_v = m.target(ids, cache, logit_index=(lengths - 1)[:, None])
         cache.commit(new_k, new_v, lengths)
@@ -310,6 +324,37 @@ class Scheduler:
         for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
             batch.seqs[b].stats.record(d, n)
             out.append(draft[b, :n].tolist() + [t])
+        return out
+
+    def _tree_round(self, batch: Batch) -> list[list[int]]:
+        """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path."""
+        params, shape = batch.params, self.tree
+        start = time.perf_counter()
+        trees = self.model.drafter.propose_tree(batch, shape, params)
+        drafted = time.perf_counter()
+        cache = batch.cache
+        ids, depth, mask = tree_tensors(trees, first=0, device=cache.lengths.device)
+        cache.ensure(int(cache.lengths.max()) + ids.shape[1])
+        rows = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+        logits, new_k, new_v = self.model.target(ids, cache, logit_index=rows, positions=cache.lengths[:, None] + depth,
+                                                 tree_mask=mask)
+        self.stats.draft_seconds += drafted - start
+        self.stats.target_seconds += time.perf_counter() - drafted
+        u = batch.noise(shape.size + 2)
+        probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+        paths, out = [], []
+        for b, tree in enumerate(trees):
+            n = tree.size + 1
+            if params.greedy[b]:
+                path, nxt = accept_tree_greedy(logits[b, :n], tree)
+            else:
+                path, nxt = accept_tree_sampled(probs[b, :n], tree, u[b])
+            paths.append(path)
+            batch.seqs[b].stats.record(max(tree.depth), len(path) - 1)
+            out.append([tree.tokens[node] for node in path[1:]] + [nxt])
+        index, counts = pad_right(paths, cache.lengths.device)
+        cache.commit(new_k, new_v, counts, index=index)
+        self.model.drafter.after_verify(batch)
         return out
 
     def _advance(self, batch: Batch, new_tokens: list[list[int]]) -> list[StreamEvent]:

@@ -1,0 +1,152 @@
+"""Token trees: drafting shape, target inputs, and the lossless tree acceptance rules.
+
+Node 0 of every tree is the root: the row's pending token (generated, not yet in the
+target cache). Drafted nodes follow in creation order, level by level. A node's children
+at one parent are its candidates, tried in order at verification:
+
+- greedy: the candidates are the draft's top tokens; a child is accepted when its token
+  is the target's argmax at the parent.
+- sampling: the candidates are i.i.d. draws from the draft distribution q at the parent,
+  and verification is recursive rejection sampling (SpecInfer, Miao et al. 2024): child x
+  is accepted with probability min(1, r(x)/q(x)) where r starts as the target's p at the
+  parent and becomes norm(max(0, r - q)) after each rejection; if no child is accepted the
+  next token is drawn from r. Each step is a standard speculative-sampling step with target
+  r, so the output is distributed exactly as p.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import RecipeError
+from .sampling import sample
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Static paths (Medusa-style choices) or a dynamic top-k expansion (depth, branching, max_nodes)."""
+
+    paths: tuple[tuple[int, ...], ...] | None = None
+    depth: int = 4
+    branching: int = 2
+    max_nodes: int = 16
+
+    @classmethod
+    def from_recipe(cls, tree: dict) -> "TreeShape":
+        paths = tree.get("paths")
+        if paths is None:
+            return cls(None, tree["depth"], tree["branching"], tree["max_nodes"])
+        if not isinstance(paths, list) or not paths or not all(
+            isinstance(p, list) and p and all(isinstance(i, int) and 0 <= i < 64 for i in p) for p in paths
+        ):
+            raise RecipeError("speculation.tree.paths", "must be a non-empty list of non-empty lists of child indices 0..63, e.g. [[0], [1], [0, 0]]")
+        norm = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+        for p in norm:
+            if len(p) > 1 and p[:-1] not in norm:
+                raise RecipeError("speculation.tree.paths", f"path {list(p)} has no parent path {list(p[:-1])}; every prefix must be listed")
+        if len(norm) > 128:
+            raise RecipeError("speculation.tree.paths", f"{len(norm)} nodes; at most 128")
+        return cls(tuple(norm), max(len(p) for p in norm), max(p[-1] for p in norm) + 1, len(norm))
+
+    @property
+    def size(self) -> int:
+        """Most drafted nodes per tree (target verifies 1 + size tokens)."""
+        return len(self.paths) if self.paths else self.max_nodes
+
+    def children_at_level(self, level: int) -> dict[tuple[int, ...], int] | None:
+        """Static trees: {parent path: number of candidates} for nodes at this level (1-based)."""
+        if self.paths is None:
+            return None
+        out: dict[tuple[int, ...], int] = {}
+        for p in self.paths:
+            if len(p) == level:
+                out[p[:-1]] = max(out.get(p[:-1], 0), p[-1] + 1)
+        return out
+
+
+@dataclass
+class DraftTree:
+    """One row's tree. Lists are indexed by node; node 0 is the root."""
+
+    tokens: list[int]
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    score: list[float] = field(default_factory=lambda: [0.0])  # draft log-prob of the path
+    path: list[tuple[int, ...]] = field(default_factory=lambda: [()])  # candidate indices from the root
+    children: dict[int, list[int]] = field(default_factory=dict)
+    q: dict[int, torch.Tensor] = field(default_factory=dict)  # draft distribution used for a node's children
+
+    def add(self, parent: int, token: int, logq: float, rank: int) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.score.append(self.score[parent] + logq)
+        self.path.append(self.path[parent] + (rank,))
+        self.children.setdefault(parent, []).append(node)
+        return node
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parent[node]
+        return out
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) - 1
+
+
+def tree_tensors(trees: list[DraftTree], first: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, depth offsets and ancestor mask [B, N, N] for nodes first.. of each tree, padded.
+
+    A node sees itself and its ancestors among these nodes; padding nodes see only themselves.
+    """
+    n = max(t.size + 1 - first for t in trees)
+    ids = torch.zeros(len(trees), n, dtype=torch.long)
+    depth = torch.zeros(len(trees), n, dtype=torch.long)
+    mask = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for b, t in enumerate(trees):
+        for i, node in enumerate(range(first, len(t.tokens))):
+            ids[b, i] = t.tokens[node]
+            depth[b, i] = t.depth[node]
+            for a in t.ancestors(node):
+                if a >= first:
+                    mask[b, i, a - first] = True
+    return ids.to(device), depth.to(device), mask.to(device)
+
+
+def accept_tree_greedy(logits: torch.Tensor, tree: DraftTree) -> tuple[list[int], int]:
+    """Accepted path of nodes (root first) and the next token. logits [1 + N, V] for this row's nodes."""
+    best = logits.argmax(-1).tolist()
+    path = [0]
+    while True:
+        node = path[-1]
+        match = next((c for c in tree.children.get(node, []) if tree.tokens[c] == best[node]), None)
+        if match is None:
+            return path, best[node]
+        path.append(match)
+
+
+def accept_tree_sampled(p: torch.Tensor, tree: DraftTree, u: torch.Tensor) -> tuple[list[int], int]:
+    """Recursive rejection sampling down the tree. p [1 + N, V] target probs per node; u [2 + N]
+    uniforms (u[c] decides child c, u[-1] the final draw)."""
+    path = [0]
+    while True:
+        node = path[-1]
+        r = p[node]
+        moved = False
+        for c in tree.children.get(node, []):
+            q = tree.q[node]
+            x = tree.tokens[c]
+            if u[c] * q[x] < r[x]:
+                path.append(c)
+                moved = True
+                break
+            residual = torch.clamp(r - q, min=0.0)
+            mass = residual.sum()
+            r = residual / mass if mass > 1e-12 else r
+        if not moved:
+            return path, int(sample(r[None], u[-1:])[0])

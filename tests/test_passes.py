@@ -1,0 +1,63 @@
+"""One focused test per graph pass, on a tiny model: contract, rewrite, and numerics after re-export."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specc.capture.export import dim_ranges
+from specc.capture.graph import capture
+from specc.passes import PassContractError
+from specc.passes.replace_causal_mask import ReplaceCausalMask
+from specc.testing import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("m") / "m", seed=3)).eval()
+
+
+def _run(module, ids, pos, cache_len, index, k, v, *extra):
+    with torch.no_grad():
+        return module(ids, pos, cache_len, index, k, v, *extra)
+
+
+def test_replace_causal_mask_verifies_a_tree_like_its_paths(hf):
+    graph = capture("target", hf, dim_ranges(4, 64))
+    ReplaceCausalMask()(graph)
+    assert graph.inputs[-1].name == "tree_mask"
+    assert all(n.meta.get("specc_pass") == "replace_causal_mask" for n in graph.gm.graph.nodes if n.op == "placeholder" and n.name == "tree_mask")
+    program = graph.export().module()
+    dims = graph.dims
+    # context of 5 tokens in the cache, then a tree: root r; children a, b of r; c child of a
+    torch.manual_seed(0)
+    context = torch.randint(0, 256, (1, 5))
+    tokens = torch.tensor([[10, 20, 30, 40]])  # r, a, b, c
+    parent = [-1, 0, 0, 1]
+    depth = torch.tensor([[0, 1, 1, 2]])
+    mask = torch.zeros(1, 4, 4, dtype=torch.bool)
+    for i in range(4):
+        j = i
+        while j >= 0:
+            mask[0, i, j] = True
+            j = parent[j]
+    empty = torch.zeros(dims.n_layers, 1, dims.n_kv_heads, 0, dims.head_dim)
+    causal5 = torch.tril(torch.ones(5, 5, dtype=torch.bool))[None]
+    _, k, v = _run(program, context, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), empty, empty, causal5)
+    tree_logits, _, _ = _run(program, tokens, 5 + depth, torch.tensor([5]), torch.arange(4)[None], k, v, mask)
+    for node in range(4):
+        path = []
+        j = node
+        while j >= 0:
+            path.insert(0, tokens[0, j].item())
+            j = parent[j]
+        seq = torch.cat([context, torch.tensor([path])], 1)
+        ref = hf(seq).logits[0, -1]
+        assert (tree_logits[0, node] - ref).abs().max() < 1e-4, node
+
+
+def test_replace_causal_mask_contract(hf):
+    graph = capture("target", hf, dim_ranges(4, 64))
+    ReplaceCausalMask()(graph)
+    with pytest.raises(PassContractError, match="requires the captured causal mask"):
+        ReplaceCausalMask()(graph)

@@ -1,0 +1,92 @@
+"""Tree acceptance rules on context-free distributions: the first two emitted tokens must follow
+the target's p at each depth; a rule that forgets the residual update must be caught."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.runtime.sampling import sample
+from specc.runtime.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled
+
+from stats_helpers import FAIL_P, PASS_P, chi2_pvalue
+
+VOCAB, N = 6, 20_000
+
+
+def _dists(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(3, VOCAB, generator=g) * 1.5, -1)  # target at depth 0, 1, 2
+    q = torch.softmax(torch.randn(2, VOCAB, generator=g) * 1.5, -1)  # draft at depth 0, 1
+    return p, q, g
+
+
+def _tree(q, g, root_children=3, grand_children=2) -> DraftTree:
+    t = DraftTree([0])
+    t.q[0] = q[0]
+    for rank, tok in enumerate(torch.multinomial(q[0], root_children, replacement=True, generator=g).tolist()):
+        child = t.add(0, tok, 0.0, rank)
+        t.q[child] = q[1]
+        for r2, tok2 in enumerate(torch.multinomial(q[1], grand_children, replacement=True, generator=g).tolist()):
+            t.add(child, tok2, 0.0, r2)
+    return t
+
+
+def _emitted(rule, seed=0):
+    p, q, g = _dists(seed)
+    first, second = [], []
+    for _ in range(N):
+        t = _tree(q, g)
+        probs = torch.stack([p[d] for d in t.depth])  # context-free: p depends on depth only
+        path, nxt = rule(probs, t, torch.rand(t.size + 2, generator=g))
+        toks = [t.tokens[n] for n in path[1:]] + [nxt]
+        first.append(toks[0])
+        if len(toks) > 1:
+            second.append(toks[1])
+    return p, first, second
+
+
+def test_recursive_rejection_sampling_is_lossless():
+    p, first, second = _emitted(accept_tree_sampled)
+    assert chi2_pvalue(first, p[0]) > PASS_P
+    assert chi2_pvalue(second, p[1]) > PASS_P
+
+
+def test_rule_without_residual_update_is_caught(monkeypatch):
+    def no_residual(p, tree, u):
+        """Wrong: every sibling is tested against the original p, and the fallback draws from p."""
+        path = [0]
+        while True:
+            node = path[-1]
+            for c in tree.children.get(node, []):
+                if u[c] * tree.q[node][tree.tokens[c]] < p[node][tree.tokens[c]]:
+                    path.append(c)
+                    break
+            else:
+                return path, int(sample(p[node][None], u[-1:])[0])
+
+    p, first, second = _emitted(no_residual)
+    assert min(chi2_pvalue(first, p[0]), chi2_pvalue(second, p[1])) < FAIL_P
+
+
+def test_greedy_tree_follows_target_argmax():
+    t = DraftTree([7])
+    a = t.add(0, 3, 0.0, 0)
+    b = t.add(0, 5, 0.0, 1)
+    c = t.add(b, 1, 0.0, 0)
+    logits = torch.zeros(4, 10)
+    logits[0, 5] = logits[b, 1] = logits[c, 9] = 1.0  # target: after root 5, after 5 -> 1, after 1 -> 9
+    logits[a, 2] = 1.0
+    path, nxt = accept_tree_greedy(logits, t)
+    assert path == [0, b, c] and nxt == 9
+
+
+def test_tree_shape_validation():
+    from specc.errors import RecipeError
+
+    shape = TreeShape.from_recipe({"paths": [[0], [1], [0, 0]]})
+    assert shape.size == 3 and shape.depth == 2 and shape.children_at_level(2) == {(0,): 1}
+    with pytest.raises(RecipeError, match=r"path \[1, 0\] has no parent path \[1\]"):
+        TreeShape.from_recipe({"paths": [[0], [1, 0]]})
+    with pytest.raises(RecipeError, match="non-empty list"):
+        TreeShape.from_recipe({"paths": [[]]})
+    assert TreeShape.from_recipe({"paths": None, "depth": 3, "branching": 2, "max_nodes": 10}).size == 10

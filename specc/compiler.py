@@ -89,12 +89,12 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
             plan = {"target": PlannedGraph(capture("target", target.model, ranges), base_options, "target")}
         if draft_graph:
             with stages.stage("export draft"):
-                plan["draft"] = _plan_draft(recipe, plan["target"].graph, draft, base_options, ranges)
+                plan["draft"] = _plan_draft(recipe, plan["target"].graph, target, draft, base_options, ranges)
 
         with stages.stage("passes"):
             for role, planned in plan.items():
                 if planned.lower_from == role:
-                    for graph_pass in build_pipeline(recipe, role):
+                    for graph_pass in build_pipeline(recipe, role, planned.graph.head["hidden_size"]):
                         graph_pass(planned.graph)
             if dump_graphs:
                 _dump(plan, Path(dump_graphs))
@@ -123,7 +123,9 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 "recipe": recipe.to_dict(),
                 "versions": _versions(entries),
                 "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
-                "draft": {"method": method, "graph": "draft" if draft_graph else None},
+                "draft": {"method": method, "graph": "draft" if draft_graph else None,
+                          "shares_target_cache": method == "early_exit", "layer": recipe.draft.layer,
+                          "adapter": _adapter_info(recipe)},
                 "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
                 "graphs": entries,
                 "compile_seconds": stages.timings,
@@ -137,14 +139,25 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     return path
 
 
-def _plan_draft(recipe: Recipe, target_graph: StepGraph, draft, base: LowerOptions, ranges) -> PlannedGraph:
+def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges) -> PlannedGraph:
     method = recipe.draft.method
     quant = LowerOptions(base.precision, base.device, recipe.draft.quantize)
     if method == "quantized":
         return PlannedGraph(target_graph, quant, "target")
     if method == "model":
         return PlannedGraph(capture("draft", draft.model, ranges), quant, "draft")
-    raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, prompt_lookup, none")
+    if method == "early_exit":  # the target traced again; passes cut it after draft.layer
+        return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
+    raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, early_exit, none")
+
+
+def _adapter_info(recipe: Recipe) -> dict | None:
+    if not recipe.draft.adapter:
+        return None
+    from .exit_adapter import adapter_metadata
+
+    meta = adapter_metadata(recipe.draft.adapter)
+    return {"file": Path(recipe.draft.adapter).name, "info": json.loads(meta["info"])}
 
 
 def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGraph) -> dict:

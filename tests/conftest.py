@@ -37,7 +37,8 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
 @pytest.fixture(scope="session")
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
-    'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths)."""
+    'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
+    (chain on ORT, tree on torch) and prompt lookup."""
     root = tmp_path_factory.mktemp("bundles")
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
@@ -54,12 +55,19 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
         "tree_static": build_bundle(root / "tree_static", t, draft, backend="torch", speculation=static),
         "tree_self": build_bundle(root / "tree_self", t, itself, backend="torch", speculation=static),
         "tree_wrong": build_bundle(root / "tree_wrong", t, wrong, backend="torch", speculation=chain_paths),
+        "early_exit": build_bundle(root / "early_exit", t, {"method": "early_exit", "layer": 2}),
+        "early_exit_tree": build_bundle(root / "early_exit_tree", t, {"method": "early_exit", "layer": 1},
+                                        backend="torch", speculation=dynamic),
+        "prompt_lookup": build_bundle(root / "prompt_lookup", t, {"method": "prompt_lookup", "max_ngram": 2},
+                                      backend="torch"),
     }
 
 
 @pytest.fixture(scope="session")
 def prompts() -> list[str]:
-    """60 prompts of 1 to 40 characters (tokens, for the byte tokenizer)."""
+    """60 prompts of 1 to 40 characters (tokens, for the byte tokenizer); every third repeats
+    itself, so n-gram lookup finds drafts."""
     rng = random.Random(1234)
     alphabet = "abcdefghijklmnopqrstuvwxyz  ,.()=:\n"
-    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(60)]
+    out = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(60)]
+    return [p * 3 if i % 3 == 0 else p for i, p in enumerate(out)]

@@ -32,9 +32,9 @@ def test_real_draft_matches_target_only(bundles, prompts, batch, k):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("tree", ["tree_dynamic", "tree_static"])
-def test_tree_matches_target_only(bundles, prompts, batch, tree):
-    model = specc.load(bundles[tree])
+@pytest.mark.parametrize("name", ["tree_dynamic", "tree_static", "early_exit", "early_exit_tree", "prompt_lookup"])
+def test_other_drafters_match_target_only(bundles, prompts, batch, name):
+    model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, batch)
     assert bad == []
     assert 0 < stats["acceptance_rate"] < 1

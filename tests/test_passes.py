@@ -61,3 +61,57 @@ def test_replace_causal_mask_contract(hf):
     ReplaceCausalMask()(graph)
     with pytest.raises(PassContractError, match="requires the captured causal mask"):
         ReplaceCausalMask()(graph)
+
+
+def _exit_reference(hf, ids, layer):
+    """Final norm + LM head applied to the hidden state after `layer` layers (Hugging Face's own modules)."""
+    with torch.no_grad():
+        hidden = hf(ids, output_hidden_states=True).hidden_states[layer]
+        return hf.lm_head(hf.model.norm(hidden))
+
+
+def test_add_early_exit_adds_exit_logits(hf):
+    from specc.passes.add_early_exit import AddEarlyExit
+
+    graph = capture("target", hf, dim_ranges(4, 64))
+    AddEarlyExit(layer=1)(graph)
+    assert graph.outputs == ["logits", "new_k", "new_v", "exit_logits"]
+    program = graph.export().module()
+    ids = torch.randint(0, 256, (2, 6))
+    dims = graph.dims
+    empty = torch.zeros(dims.n_layers, 2, dims.n_kv_heads, 0, dims.head_dim)
+    logits, _, _, exit_logits = _run(program, ids, torch.arange(6).expand(2, 6), torch.zeros(2, dtype=torch.long),
+                                     torch.arange(6).expand(2, 6), empty, empty)
+    assert (exit_logits - _exit_reference(hf, ids, 1)).abs().max() < 1e-4
+    assert (logits - hf(ids).logits).abs().max() < 1e-4
+
+
+def test_truncate_to_exit_builds_a_draft_of_the_first_layers(hf):
+    from specc.passes.add_early_exit import AddEarlyExit
+    from specc.passes.truncate_to_exit import TruncateToExit
+
+    target = capture("target", hf, dim_ranges(4, 64))
+    draft = capture("draft", hf, dim_ranges(4, 64))
+    AddEarlyExit(layer=1)(draft)
+    TruncateToExit()(draft)
+    assert draft.dims.n_layers == 1 and draft.outputs == ["logits", "new_k", "new_v"]
+    assert not any(n.meta.get("nn_module_stack") and any(p.startswith("layers.1") for p, _ in n.meta["nn_module_stack"].values())
+                   for n in draft.gm.graph.nodes), "later layers must be gone"
+    program = draft.export().module()
+    ids = torch.randint(0, 256, (1, 5))
+    d = draft.dims
+    empty = torch.zeros(1, 1, d.n_kv_heads, 0, d.head_dim)
+    logits, k, v = _run(program, ids, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.arange(5)[None], empty, empty)
+    assert (logits - _exit_reference(hf, ids, 1)).abs().max() < 1e-4
+    full = target.export().module()
+    empty2 = torch.zeros(target.dims.n_layers, 1, d.n_kv_heads, 0, d.head_dim)
+    _, k_t, _ = _run(full, ids, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.arange(5)[None], empty2, empty2)
+    assert torch.allclose(k, k_t[:1], atol=1e-5), "the draft's KV is the target's first-layer KV"
+
+
+def test_early_exit_layer_out_of_range(hf):
+    from specc.passes.add_early_exit import AddEarlyExit
+
+    graph = capture("target", hf, dim_ranges(4, 64))
+    with pytest.raises(ValueError, match=r"draft.layer must be in \[1, 1\]"):
+        AddEarlyExit(layer=2)(graph)

@@ -49,7 +49,10 @@ def capture(role: str, hf_model: torch.nn.Module, ranges: DimRanges) -> "StepGra
     examples = example_inputs(dims, weight.dtype, device=weight.device)
     inputs = [InputSpec(name, examples[name], dict(AXES[name])) for name in INPUT_NAMES]
     ep = export_module(decoder, inputs, ranges)
-    return StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)
+    graph = StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)
+    graph.head = {"norm_eps": decoder.norm.eps, "norm_offset": decoder.norm.offset,
+                  "hidden_size": hf_model.config.hidden_size}
+    return graph
 
 
 @dataclass
@@ -63,6 +66,7 @@ class StepGraph:
     ranges: DimRanges
     dims: ModelDims
     notes: list[str] = field(default_factory=list)  # what each pass did, for the manifest
+    head: dict = field(default_factory=dict)  # final-norm facts (eps, offset, hidden size) for head-adding passes
 
     @classmethod
     def from_exported(cls, role: str, ep: ExportedProgram, inputs: list[InputSpec], outputs: list[str],
@@ -96,14 +100,31 @@ class StepGraph:
         (out,) = self.gm.graph.find_nodes(op="output")
         return list(out.args[0])
 
+    def module_output(self, path: str) -> Node:
+        """The [B, T, hidden] value leaving the captured submodule at `path` (e.g. "layers.3")."""
+        def inside(node: Node) -> bool:
+            return any(p == path for p, _ in (node.meta.get("nn_module_stack") or {}).values())
+
+        hidden = self.head.get("hidden_size")
+        found = [n for n in self.gm.graph.nodes if inside(n) and any(not inside(u) for u in n.users)
+                 and getattr(n.meta.get("val"), "dim", lambda: 0)() == 3 and n.meta["val"].shape[-1] == hidden]
+        if len(found) != 1:
+            raise KeyError(f"{self.role} graph: no unique hidden-state output of module {path!r} (found {len(found)})")
+        return found[0]
+
     def set_outputs(self, names: list[str], nodes: list[Node]) -> None:
         (out,) = self.gm.graph.find_nodes(op="output")
         out.args = (tuple(nodes),)
         self.outputs = list(names)
 
     def finish_edit(self) -> None:
-        """Remove dead nodes, lint the graph and regenerate code after a pass."""
-        self.gm.graph.eliminate_dead_code()
+        """Remove dead nodes, lint the graph and regenerate code after a pass.
+
+        Exported graphs are functional: besides inputs and outputs, a node without users
+        (an unused layer, export's own assertions about dead values) is dead. Re-export
+        emits the assertions that still apply.
+        """
+        self.gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
         self.gm.graph.lint()
         self.gm.delete_all_unused_submodules()
         self.gm.recompile()

@@ -2,13 +2,22 @@
 from __future__ import annotations
 
 from ..recipe import Recipe
+from .add_early_exit import AddEarlyExit
 from .base import GraphPass, PassContractError
 from .replace_causal_mask import ReplaceCausalMask
+from .truncate_to_exit import TruncateToExit
 
 
-def build_pipeline(recipe: Recipe, role: str) -> list[GraphPass]:
+def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPass]:
     """The ordered passes for one graph ("target" or "draft") of this recipe."""
     passes: list[GraphPass] = []
+    if role == "draft" and recipe.draft.method == "early_exit":
+        adapter = None
+        if recipe.draft.adapter:
+            from ..exit_adapter import load_adapter
+
+            adapter = load_adapter(recipe.draft.adapter, recipe.draft.layer, hidden_size)
+        passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]
     if recipe.speculation.mode == "tree":
         passes.append(ReplaceCausalMask())
     return passes
@@ -24,6 +33,6 @@ def describe_passes() -> str:
     return "\n".join(lines) if lines else "no passes registered"
 
 
-ALL_PASSES: list[type[GraphPass]] = [ReplaceCausalMask]
+ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, ReplaceCausalMask]
 
 __all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LayerView
 from .sampling import RowParams, choose, probs_from_logits, sample
 from .state import Batch
 from .step import StepRunner, pad_right
@@ -139,3 +139,77 @@ def _expand(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, lo
                 tok = int(sample(q[None], noise[slot:slot + 1])[0])
                 new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
     return new
+
+
+class SharedCacheDrafter(ModelDrafter):
+    """An early-exit draft: the target's first layers, reading the target's own KV cache.
+
+    Nothing to prefill and nothing to catch up: each round starts from a fresh view of the
+    target cache at the target's committed length, and feeds only the pending token.
+    """
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        pass
+
+    def propose(self, batch: Batch, k: int, params: RowParams):
+        batch.draft_state = LayerView(batch.cache, self.step.dims.n_layers)
+        return super().propose(batch, k, params)
+
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        batch.draft_state = LayerView(batch.cache, self.step.dims.n_layers)
+        return super().propose_tree(batch, shape, params)
+
+    def after_verify(self, batch: Batch) -> None:
+        batch.draft_state = None
+
+    def keep_rows(self, batch: Batch, rows: torch.Tensor) -> None:
+        pass
+
+    def extend(self, batch: Batch, other: Batch) -> None:
+        pass
+
+
+class PromptLookupDrafter:
+    """Drafts by n-gram lookup in the row's own context (prompt and generated text), no model.
+
+    The last n tokens (n from max_ngram down to min_ngram) are searched for in the earlier
+    context, most recent occurrence first; the tokens that followed it are the draft. The
+    draft distribution is one-hot at each proposed token, so sampled rows accept a draft d
+    with probability p(d) and correct from p without d: still exactly the target's distribution.
+    """
+
+    def __init__(self, max_ngram: int, min_ngram: int, vocab_size: int):
+        self.max_ngram, self.min_ngram, self.vocab_size = max_ngram, min_ngram, vocab_size
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == tail:
+                    return tokens[start + n:start + n + k]
+        return []
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        pass
+
+    def propose(self, batch: Batch, k: int, params: RowParams):
+        found = [self.lookup(s.tokens, k) for s in batch.seqs]
+        width = max(len(f) for f in found)
+        device = batch.cache.lengths.device
+        draft = torch.zeros(len(found), width, dtype=torch.long, device=device)
+        for b, f in enumerate(found):
+            draft[b, : len(f)] = torch.tensor(f, dtype=torch.long)
+        n_draft = torch.tensor([len(f) for f in found], dtype=torch.long, device=device)
+        q = None
+        if not params.all_greedy:
+            q = torch.zeros(len(found), width, self.vocab_size, device=device).scatter_(-1, draft[..., None], 1.0)
+        return draft, q, n_draft
+
+    def after_verify(self, batch: Batch) -> None:
+        pass
+
+    def keep_rows(self, batch: Batch, rows: torch.Tensor) -> None:
+        pass
+
+    def extend(self, batch: Batch, other: Batch) -> None:
+        pass

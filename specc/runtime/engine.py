@@ -18,7 +18,7 @@ from ..backends import LowerOptions, get_backend
 from ..bundle import Bundle, open_bundle
 from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
-from .drafters import ModelDrafter
+from .drafters import ModelDrafter, PromptLookupDrafter, SharedCacheDrafter
 from .kv_cache import KVCache
 from .sampling import SamplingParams, accept, choose, probs_from_logits
 from .state import Batch, RowStats, Sequence
@@ -99,7 +99,11 @@ class SpecModel:
         self.draft_method = m["draft"]["method"]
         self.drafter = None
         if m["draft"].get("graph"):
-            self.drafter = ModelDrafter(self._load_graph(m["draft"]["graph"]), self.max_context)
+            kind = SharedCacheDrafter if m["draft"].get("shares_target_cache") else ModelDrafter
+            self.drafter = kind(self._load_graph(m["draft"]["graph"]), self.max_context)
+        elif self.draft_method == "prompt_lookup":
+            self.drafter = PromptLookupDrafter(recipe["draft"]["max_ngram"], recipe["draft"]["min_ngram"],
+                                               self.target.dims.vocab_size)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(bundle.path / m["tokenizer"]["dir"])
@@ -307,17 +311,18 @@ class Scheduler:
         """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
         k, params = self.k, batch.params
         start = time.perf_counter()
-        draft, q, n_draft = self.model.drafter.propose(batch, k, params)
+        draft, q, n_draft = self.model.drafter.propose(batch, k, params)  # may propose fewer than k
         drafted = time.perf_counter()
+        width = draft.shape[1]
         cache = batch.cache
-        cache.ensure(int(cache.lengths.max()) + k + 1)
+        cache.ensure(int(cache.lengths.max()) + width + 1)
         ids = torch.cat([batch.pending[:, None], draft], dim=1)
-        rows = torch.arange(k + 1, device=ids.device).expand(ids.shape[0], -1)
+        rows = torch.arange(width + 1, device=ids.device).expand(ids.shape[0], -1)
         logits, new_k, new_v = self.model.target(ids, cache, logit_index=rows)
         self.stats.draft_seconds += drafted - start
         self.stats.target_seconds += time.perf_counter() - drafted
-        u = batch.noise(k + 1)
-        n_acc, nxt = accept(logits, q, draft, n_draft, params, u[:, :k], u[:, k])
+        u = batch.noise(k + 1)  # always k + 1 draws, so a row's noise stream does not depend on the batch
+        n_acc, nxt = accept(logits, q, draft, n_draft, params, u[:, :width], u[:, k])
         cache.commit(new_k, new_v, n_acc + 1)
         self.model.drafter.after_verify(batch)
         out = []

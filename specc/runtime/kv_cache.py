@@ -8,6 +8,20 @@ from ..capture.export import ModelDims
 BLOCK = 64  # capacity grows in blocks so the graphs see few distinct cache sizes
 
 
+def _write(k, v, lengths, new_k, new_v, counts, index) -> None:
+    """Copy each row's new tokens into k/v at that row's length."""
+    for b, (s, n) in enumerate(zip(lengths.tolist(), counts.tolist())):
+        if n == 0:
+            continue
+        if index is None:
+            k[:, b, :, s:s + n] = new_k[:, b, :, :n]
+            v[:, b, :, s:s + n] = new_v[:, b, :, :n]
+        else:
+            idx = index[b, :n]
+            k[:, b, :, s:s + n] = new_k[:, b, :, idx]
+            v[:, b, :, s:s + n] = new_v[:, b, :, idx]
+
+
 class KVCache:
     """Keys and values `[L, B, H, S, D]` with a valid length per row.
 
@@ -42,18 +56,7 @@ class KVCache:
     def commit(self, new_k: torch.Tensor, new_v: torch.Tensor, counts: torch.Tensor,
                index: torch.Tensor | None = None) -> None:
         """Append the first counts[b] new tokens of each row (or the tokens at index[b, :counts[b]])."""
-        starts = self.lengths.tolist()
-        for b, n in enumerate(counts.tolist()):
-            if n == 0:
-                continue
-            s = starts[b]
-            if index is None:
-                self.k[:, b, :, s:s + n] = new_k[:, b, :, :n]
-                self.v[:, b, :, s:s + n] = new_v[:, b, :, :n]
-            else:
-                idx = index[b, :n]
-                self.k[:, b, :, s:s + n] = new_k[:, b, :, idx]
-                self.v[:, b, :, s:s + n] = new_v[:, b, :, idx]
+        _write(self.k, self.v, self.lengths, new_k, new_v, counts, index)
         self.lengths += counts.to(self.lengths.device)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
@@ -69,3 +72,32 @@ class KVCache:
         self.k = torch.cat([self.k, other.k], dim=1)
         self.v = torch.cat([self.v, other.v], dim=1)
         self.lengths = torch.cat([self.lengths, other.lengths])
+
+
+class LayerView:
+    """The first n layers of another cache, with lengths of its own.
+
+    An early-exit draft is the target's first layers, so the target's committed KV is
+    exactly the draft's: the draft reads it in place and writes its speculative tokens past
+    the target's length, where the target's next commit overwrites them.
+    """
+
+    def __init__(self, base: KVCache, n_layers: int):
+        self.base, self.n_layers = base, n_layers
+        self.lengths = base.lengths.clone()
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.base.k[: self.n_layers]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.base.v[: self.n_layers]
+
+    def ensure(self, needed: int) -> None:
+        self.base.ensure(needed)
+
+    def commit(self, new_k: torch.Tensor, new_v: torch.Tensor, counts: torch.Tensor,
+               index: torch.Tensor | None = None) -> None:
+        _write(self.k, self.v, self.lengths, new_k, new_v, counts, index)
+        self.lengths += counts.to(self.lengths.device)

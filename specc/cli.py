@@ -130,6 +130,28 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_train_exit_head(args) -> int:
+    from .exit_adapter import save_adapter
+    from .models.load import load_model
+    from .report import table
+    from .train_exit_head import TrainConfig, train_exit_head
+
+    loaded = load_model(args.model)
+    cfg = TrainConfig(layer=args.layer, corpus=args.corpus, train_tokens=args.train_tokens, eval_tokens=args.eval_tokens,
+                      seq_len=args.seq_len, rank=args.rank, steps=args.steps, lr=args.lr)
+    adapter, report = train_exit_head(loaded.model, loaded.tokenizer, cfg)
+    report["model"] = args.model
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    save_adapter(args.output, adapter, args.layer, report)
+    args.output.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    rows = [[name, report[key]["greedy_top1_agreement"], report[key]["expected_sampling_acceptance"]]
+            for name, key in (("exit head alone", "without_adapter"), ("with trained adapter", "with_adapter"))]
+    print(f"layer {args.layer} of {report['layers']}, {report['with_adapter']['tokens']} held-out tokens")
+    print(table(["early exit", "greedy top-1 agreement", "expected sampling acceptance"], rows))
+    print(f"adapter written to {args.output} (report: {args.output.with_suffix('.json')})")
+    return 0
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the recipe's)")
@@ -191,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("passes", help="list the graph passes with their contracts")
     p.set_defaults(func=cmd_passes)
+
+    p = sub.add_parser("train-exit-head", help="train an early-exit adapter on a local text corpus (CPU)")
+    p.add_argument("model", help="catalog name, Hugging Face directory or .gguf file (the target)")
+    p.add_argument("--layer", type=int, required=True, help="exit after this many layers (draft.layer)")
+    p.add_argument("--corpus", type=Path, help="directory of text files (default: the Python standard library)")
+    p.add_argument("--train-tokens", type=int, default=60_000)
+    p.add_argument("--eval-tokens", type=int, default=6_000)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--rank", type=int, default=None, help="adapter width (default: the hidden size)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("-o", "--output", type=Path, required=True, help="adapter file (.safetensors); a .json report goes beside it")
+    p.set_defaults(func=cmd_train_exit_head)
 
     p = sub.add_parser("models", help="the offline model catalog")
     msub = p.add_subparsers(dest="action", required=True)

@@ -143,6 +143,8 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
     method = recipe.draft.method
     quant = LowerOptions(base.precision, base.device, recipe.draft.quantize)
     if method == "quantized":
+        if recipe.speculation.verify_head:  # the target graph gets the head; the draft needs its logits
+            return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
         return PlannedGraph(target_graph, quant, "target")
     if method == "model":
         return PlannedGraph(capture("draft", draft.model, ranges), quant, "draft")

@@ -165,6 +165,8 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("device", f"backend {r.backend!r} needs device 'cuda'")
     if r.precision != "fp32" and r.device == "cpu":
         raise RecipeError("precision", f"{r.precision!r} is for GPU backends; on cpu use fp32")
+    if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
+        raise RecipeError("speculation.verify_head", "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":
         if d.method not in ("model", "quantized", "early_exit"):
             raise RecipeError("speculation.mode", f"tree speculation needs a draft model (draft.method model, quantized or early_exit), not {d.method!r}")

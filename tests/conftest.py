@@ -59,6 +59,7 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
         "early_exit_tree": build_bundle(root / "early_exit_tree", t, {"method": "early_exit", "layer": 1},
                                         speculation=dynamic),
         "prompt_lookup": build_bundle(root / "prompt_lookup", t, {"method": "prompt_lookup", "max_ngram": 2}),
+        "verify_head": build_bundle(root / "verify_head", t, draft, speculation={"k": 3, "verify_head": True}),
     }
 
 

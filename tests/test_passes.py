@@ -115,3 +115,34 @@ def test_early_exit_layer_out_of_range(hf):
     graph = capture("target", hf, dim_ranges(4, 64))
     with pytest.raises(ValueError, match=r"draft.layer must be in \[1, 1\]"):
         AddEarlyExit(layer=2)(graph)
+
+
+def test_insert_verify_head_equals_host_acceptance(hf):
+    from specc.passes.insert_verify_head import InsertVerifyHead
+    from specc.runtime.sampling import RowParams, SamplingParams, accept
+
+    plain = capture("target", hf, dim_ranges(4, 64))
+    graph = capture("target", hf, dim_ranges(4, 64))
+    InsertVerifyHead()(graph)
+    assert graph.outputs == ["n_accepted", "next_token", "new_k", "new_v"]
+    head = graph.export().module()
+    ref = plain.export().module()
+    torch.manual_seed(5)
+    b, k, dims = 4, 3, graph.dims
+    cache = torch.randn(dims.n_layers, b, dims.n_kv_heads, 6, dims.head_dim)
+    ids = torch.randint(0, 256, (b, k + 1))
+    pos = 6 + torch.arange(k + 1).expand(b, -1)
+    lens = torch.full((b,), 6)
+    rows = torch.arange(k + 1).expand(b, -1)
+    logits, _, _ = _run(ref, ids, pos, lens, rows, cache, cache)
+    draft = logits[:, :k].argmax(-1)
+    draft[1, 1] = (draft[1, 1] + 1) % 256  # a greedy rejection
+    q = torch.softmax(torch.randn(b, k, logits.shape[-1]), -1)
+    params = RowParams.of([SamplingParams(0.0), SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, 20, 0.9)])
+    n_draft = torch.tensor([3, 3, 2, 3])
+    u = torch.rand(b, k + 1)
+    want = accept(logits, q, draft, n_draft, params, u[:, :k], u[:, k])
+    n_acc, nxt, _, _ = _run(head, ids, pos, lens, rows, cache, cache, draft, q, n_draft, params.temperature,
+                            params.top_k, params.top_p, u[:, :k], u[:, k])
+    assert n_acc.tolist() == want[0].tolist() and nxt.tolist() == want[1].tolist()
+    assert n_acc[1] == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..recipe import Recipe
 from .add_early_exit import AddEarlyExit
 from .base import GraphPass, PassContractError
+from .insert_verify_head import InsertVerifyHead
 from .replace_causal_mask import ReplaceCausalMask
 from .truncate_to_exit import TruncateToExit
 
@@ -20,6 +21,8 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPas
         passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]
     if recipe.speculation.mode == "tree":
         passes.append(ReplaceCausalMask())
+    if role == "target" and recipe.speculation.verify_head:
+        passes.append(InsertVerifyHead())
     return passes
 
 
@@ -33,6 +36,6 @@ def describe_passes() -> str:
     return "\n".join(lines) if lines else "no passes registered"
 
 
-ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, ReplaceCausalMask]
+ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, ReplaceCausalMask, InsertVerifyHead]
 
 __all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

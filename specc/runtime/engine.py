@@ -96,6 +96,7 @@ class SpecModel:
         self.defaults = SamplingParams(**recipe["sampling"])
         self.eos_ids = set(m["tokenizer"]["eos_token_ids"])
         self.target = self._load_graph("target")
+        self.verify_head = "n_accepted" in self.bundle.graph("target")["outputs"]
         self.draft_method = m["draft"]["method"]
         self.drafter = None
         if m["draft"].get("graph"):
@@ -287,9 +288,13 @@ class Scheduler:
         cache = KVCache(m.target.dims, len(seqs), m.max_context, m.device)
         cache.ensure(int(lengths.max()) + self.lookahead + 1)
         batch = Batch(seqs, cache)
-        logits, new_k, new_v = m.target(ids, cache, logit_index=(lengths - 1)[:, None])
+        if m.verify_head:
+            _, token, new_k, new_v = self._head_step(batch, ids, (lengths - 1)[:, None], None, None, None,
+                                                     None, batch.noise(1)[:, 0])
+        else:
+            logits, new_k, new_v = m.target(ids, cache, logit_index=(lengths - 1)[:, None])
+            token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
         cache.commit(new_k, new_v, lengths)
-        token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
         if self.speculative:
             m.drafter.prefill(batch, ids, lengths)
         self.stats.prefill_seconds += time.perf_counter() - start
@@ -300,11 +305,15 @@ class Scheduler:
         cache = batch.cache
         cache.ensure(int(cache.lengths.max()) + 1)
         start = time.perf_counter()
-        logits, new_k, new_v = self.model.target(batch.pending[:, None], cache,
-                                                 logit_index=torch.zeros_like(cache.lengths)[:, None])
+        first = torch.zeros_like(cache.lengths)[:, None]
+        if self.model.verify_head:
+            _, token, new_k, new_v = self._head_step(batch, batch.pending[:, None], first, None, None, None,
+                                                     None, batch.noise(1)[:, 0])
+        else:
+            logits, new_k, new_v = self.model.target(batch.pending[:, None], cache, logit_index=first)
+            token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
         self.stats.target_seconds += time.perf_counter() - start
         cache.commit(new_k, new_v, torch.ones_like(cache.lengths))
-        token, _ = choose(logits[:, 0], batch.params, batch.noise(1)[:, 0])
         return [[t] for t in token.tolist()]
 
     def _speculative_round(self, batch: Batch) -> list[list[int]]:
@@ -318,11 +327,14 @@ class Scheduler:
         cache.ensure(int(cache.lengths.max()) + width + 1)
         ids = torch.cat([batch.pending[:, None], draft], dim=1)
         rows = torch.arange(width + 1, device=ids.device).expand(ids.shape[0], -1)
-        logits, new_k, new_v = self.model.target(ids, cache, logit_index=rows)
+        u = batch.noise(k + 1)  # always k + 1 draws, so a row's noise stream does not depend on the batch
+        if self.model.verify_head:
+            n_acc, nxt, new_k, new_v = self._head_step(batch, ids, rows, draft, q, n_draft, u[:, :width], u[:, k])
+        else:
+            logits, new_k, new_v = self.model.target(ids, cache, logit_index=rows)
+            n_acc, nxt = accept(logits, q, draft, n_draft, params, u[:, :width], u[:, k])
         self.stats.draft_seconds += drafted - start
         self.stats.target_seconds += time.perf_counter() - drafted
-        u = batch.noise(k + 1)  # always k + 1 draws, so a row's noise stream does not depend on the batch
-        n_acc, nxt = accept(logits, q, draft, n_draft, params, u[:, :width], u[:, k])
         cache.commit(new_k, new_v, n_acc + 1)
         self.model.drafter.after_verify(batch)
         out = []
@@ -330,6 +342,26 @@ class Scheduler:
             batch.seqs[b].stats.record(d, n)
             out.append(draft[b, :n].tolist() + [t])
         return out
+
+    def _head_step(self, batch: Batch, ids: torch.Tensor, rows: torch.Tensor, draft, q, n_draft, u_accept, u_next):
+        """A target pass through the verification head (insert_verify_head): acceptance in the graph.
+
+        With no drafts (prefill, plain decode, an empty lookup) the head gets one dummy draft
+        and n_draft 0, so it samples the next token from the first row of logits.
+        """
+        b = ids.shape[0]
+        device, vocab = ids.device, self.model.target.dims.vocab_size
+        if draft is None or draft.shape[1] == 0:
+            draft = torch.zeros(b, 1, dtype=torch.long, device=device)
+            n_draft = torch.zeros(b, dtype=torch.long, device=device)
+            u_accept = torch.zeros(b, 1, device=device)
+            rows = torch.cat([rows, rows[:, -1:]], dim=1)
+        if q is None:
+            q = torch.zeros(b, draft.shape[1], vocab, device=device)
+        params = batch.params
+        return self.model.target(ids, batch.cache, logit_index=rows, draft_tokens=draft, draft_probs=q,
+                                 n_draft=n_draft, temperature=params.temperature, top_k=params.top_k,
+                                 top_p=params.top_p, u_accept=u_accept, u_next=u_next)
 
     def _tree_round(self, batch: Batch) -> list[list[int]]:
         """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path."""

@@ -86,16 +86,20 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw: the token whose cumulative interval holds u * total; u in [0, 1)."""
+    """Inverse-CDF draw: the first token whose cumulative mass exceeds u * total; u in [0, 1).
+
+    Written as a count of cumulative values at or below the target (not searchsorted), so the
+    same code exports to ONNX inside the verification head.
+    """
     cdf = torch.cumsum(probs, dim=-1)
     target = (u * cdf[..., -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    idx = (cdf <= target).sum(-1)
     return idx.clamp(max=probs.shape[-1] - 1)
 
 
 def _leading(ok: torch.Tensor) -> torch.Tensor:
-    """Number of leading True per row of a [B, k] bool tensor."""
-    return torch.cumprod(ok.to(torch.int64), dim=-1).sum(-1)
+    """Number of leading True per row of a [B, k] bool tensor (no cumprod: it must export to ONNX)."""
+    return (torch.cumsum((~ok).to(torch.int64), dim=-1) == 0).sum(-1)
 
 
 def choose(logits: torch.Tensor, params: RowParams, u: torch.Tensor):

@@ -87,9 +87,8 @@ class SplitModel(_OrchestratorModel):
     def load_model(self, bundle_dir: Path, params: dict[str, str]) -> SpecModel:
         manifest = read_manifest(bundle_dir)
         bundle = open_partial_bundle(bundle_dir, (manifest["tokenizer"]["dir"] + "/",))
-        engines = {"target": params["target_model"]}
-        if manifest["draft"].get("graph"):
-            engines[manifest["draft"]["graph"]] = params["draft_model"]
+        roles = ["target"] + ([manifest["draft"]["graph"]] if manifest["draft"].get("graph") else [])
+        engines = {role: params[f"{role}_model"] for role in roles}
         device = torch.device(manifest["recipe"].get("device", "cpu"))
         return SpecModel(bundle, open_graph=lambda b, role: BLSRunner(self.pb, engines[role], b.graph(role), device))
 

@@ -24,11 +24,11 @@ from ..bundle import MANIFEST, open_bundle
 from ..errors import SpeccError
 from .configs import PLATFORMS, engine_config, orchestrator_config
 from .pbtxt import to_pbtxt
-from .serving import BUNDLE_DIR
 
 LAYOUTS = ("in-process", "split")
 ENGINES = ("native", "python")
 VERSION = "1"
+BUNDLE_DIR = "bundle"  # the bundle (or the part of it a model needs) inside a version directory
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 _MODEL_PY = '''"""Triton python-backend model written by `specc triton` ({what}).

@@ -21,8 +21,7 @@ import torch
 from ..bundle import Bundle, read_manifest, verify_files
 from ..runtime.engine import SpecModel, load, open_runner
 from .orchestrator import Orchestrator
-
-BUNDLE_DIR = "bundle"  # inside a model's version directory
+from .repository import BUNDLE_DIR
 
 
 class EngineError(RuntimeError):

@@ -33,7 +33,7 @@ INPUTS = (
     TensorSpec("top_p", "TYPE_FP32", (1,), "nucleus mass in (0, 1] (default: the recipe's)"),
     TensorSpec("top_k", "TYPE_INT32", (1,), "keep the k most likely tokens, 0 = all (default: the recipe's)"),
     TensorSpec("seed", "TYPE_UINT64", (1,), "seed of the request's own random stream (default 0)"),
-    TensorSpec("stop", "TYPE_STRING", (-1,), "stop strings; generation ends before the first one found"),
+    TensorSpec("stop", "TYPE_STRING", (-1,), "stop strings: the text ends before the first one generated"),
     TensorSpec("stream", "TYPE_BOOL", (1,), "true (default): a response per round; false: one response at the end"),
     TensorSpec("chat", "TYPE_BOOL", (1,), "apply the tokenizer's chat template to text_input (default false)"),
 )

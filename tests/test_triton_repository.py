@@ -44,10 +44,11 @@ def check_orchestrator(c: model_config_pb2.ModelConfig, params: dict[str, str]) 
     assert {k: v.string_value for k, v in c.parameters.items()} == params
 
 
-def check_files(version_dir: Path, bundle: Path, rels: list[str], prefix: str = "bundle/") -> None:
+def check_files(version_dir: Path, bundle: Path, rels: list[str], placed=lambda rel: f"bundle/{rel}") -> None:
+    """The bundle files `rels` are in version_dir (at `placed(rel)`) with their manifest sha256."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     for rel in rels:
-        assert sha256_of(version_dir / f"{prefix}{rel}") == manifest["files"][rel]["sha256"], rel
+        assert sha256_of(version_dir / placed(rel)) == manifest["files"][rel]["sha256"], rel
 
 
 def test_in_process_layout(bundles, tmp_path):
@@ -83,7 +84,8 @@ def test_split_layout_native_engines(bundles, tmp_path):
         assert list(c.input[4].dims) == [L, -1, H, -1, D] and c.input[4].data_type == model_config_pb2.TYPE_FP32
         assert [(o.name, list(o.dims)) for o in c.output] == [
             ("logits", [-1, -1, V]), ("new_k", [L, -1, H, -1, D]), ("new_v", [L, -1, H, -1, D])]
-        check_files(repo / f"spec_{role}" / "1", bundles["draft"], [f"{role}/{f}" for f in entry["files"]], prefix="")
+        check_files(repo / f"spec_{role}" / "1", bundles["draft"], [f"{role}/{f}" for f in entry["files"]],
+                    placed=lambda rel: rel.split("/", 1)[1])
         assert not (repo / f"spec_{role}" / "1" / "model.py").exists()
 
 

@@ -198,3 +198,22 @@ def test_finalize_answers_every_open_request(bundles, tmp_path):
     wait(requests, timeout=5)
     assert not model.orchestrator.thread.is_alive()
     assert any(r.sender.error is not None and r.sender.error.code() == "UNAVAILABLE" for r in requests)
+
+
+def test_chat_template_and_a_request_that_fails_to_prepare(in_process, reference, monkeypatch):
+    model = in_process.orchestrator.model
+    encode = model.encode
+
+    def fragile_encode(prompts, chat=False):
+        if prompts == ["boom"]:
+            raise ValueError("template exploded")
+        return encode(prompts, chat)
+
+    monkeypatch.setattr(model, "encode", fragile_encode)
+    boom, chat = request("boom", max_tokens=8), request(PROMPTS[4], max_tokens=16, chat=True)
+    in_process.execute([boom, chat])
+    wait([boom, chat])
+    assert boom.sender.error.code() == "INTERNAL"
+    assert boom.sender.error.message() == "could not prepare the request: ValueError: template exploded"
+    check_matches([chat], reference.generate([PROMPTS[4]], max_new_tokens=16, chat=True))
+    assert in_process.orchestrator.thread.is_alive()

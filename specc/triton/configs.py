@@ -24,7 +24,7 @@ def orchestrator_config(name: str, manifest: dict, parameters: dict[str, str]) -
         "backend": "python",
         "max_batch_size": 0,  # requests are batched by specc's scheduler, not by Triton
         "model_transaction_policy": {"decoupled": True},
-        "input": [_tensor(s) for s in INPUTS],
+        "input": [_tensor(s, optional=s.optional) for s in INPUTS],
         "output": [_tensor(s) for s in OUTPUTS],
         "instance_group": [{"kind": _kind(manifest), "count": 1}],
         "parameters": _parameters(parameters),
@@ -68,9 +68,9 @@ def graph_outputs(entry: dict) -> dict[str, tuple[str, list]]:
     return {n: shapes[n] for n in entry["outputs"]}
 
 
-def _tensor(spec: TensorSpec) -> dict:
+def _tensor(spec: TensorSpec, optional: bool = False) -> dict:
     out = {"name": spec.name, "data_type": Enum(spec.triton_type), "dims": list(spec.dims)}
-    if spec in INPUTS and spec.optional:
+    if optional:
         out["optional"] = True
     return out
 

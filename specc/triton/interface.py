@@ -89,8 +89,8 @@ def parse_request(get: Callable[[str], np.ndarray | None], default_max_tokens: i
     return GenerationRequest(
         prompt=prompt,
         max_tokens=max_tokens,
-        temperature=_optional(_scalar(get, "temperature"), float),
-        top_p=_optional(_scalar(get, "top_p"), float),
+        temperature=_optional(_scalar(get, "temperature"), _decimal),
+        top_p=_optional(_scalar(get, "top_p"), _decimal),
         top_k=_optional(_scalar(get, "top_k"), int),
         seed=_optional(_scalar(get, "seed"), int) or 0,
         stop=stop,
@@ -111,6 +111,11 @@ def _scalar(get, name: str):
 
 def _optional(value, kind, default=None):
     return default if value is None else kind(value)
+
+
+def _decimal(value) -> float:
+    """An FP32 input as the shortest decimal that is the same float32 (0.9, not 0.8999999762)."""
+    return float(str(np.float32(value)))
 
 
 def _text(value, name: str) -> str:

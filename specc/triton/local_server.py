@@ -98,7 +98,10 @@ class LocalServer:
 
     def __init__(self, launcher: list[str], repo: Path, log: Path, workdir: Path):
         self.launcher, self.repo, self.log_path, self.workdir = launcher, Path(repo), Path(log), Path(workdir)
-        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_port = free_port()
+        self.http_port = free_port()
+        while self.http_port == self.grpc_port:
+            self.http_port = free_port()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -118,17 +121,17 @@ class LocalServer:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.launcher + args, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
-        client = grpcclient.InferenceServerClient(self.grpc_url)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if client.is_server_ready() and all(client.is_model_ready(m) for m in models):
-                    return
-            except Exception:  # not listening yet
-                pass
-            time.sleep(0.5)
+        with grpcclient.InferenceServerClient(self.grpc_url) as client:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}")
+                try:
+                    if client.is_server_ready() and all(client.is_model_ready(m) for m in models):
+                        return
+                except Exception:  # not listening yet
+                    pass
+                time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
 

@@ -73,17 +73,14 @@ class Orchestrator:
     # -- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:
         while not self.closing.is_set():
-            self._admit(wait=not self.scheduler.busy)
-            if not self.scheduler.busy:
-                continue
             try:
-                events = self.scheduler.step()
-            except Exception as exc:  # an engine failure must not take the model down: fail the batch, go on
+                self._admit(wait=not self.scheduler.busy)
+                if self.scheduler.busy:
+                    for event in self.scheduler.step():
+                        self._emit(event)
+                    self._drop_cancelled()
+            except Exception as exc:  # a failure must not take the model down: fail the batch, go on
                 self._abort(exc)
-                continue
-            for event in events:
-                self._emit(event)
-            self._drop_cancelled()
 
     def _admit(self, wait: bool) -> None:
         try:
@@ -95,6 +92,10 @@ class Orchestrator:
                 seq = self._sequence(parsed)
             except SpeccError as exc:
                 self._fail(sender, str(exc), self.pb.TritonError.INVALID_ARG)
+                continue
+            except Exception as exc:  # e.g. a chat template that fails on this prompt
+                self.log(f"specc: could not prepare a request:\n{traceback.format_exc()}")
+                self._fail(sender, f"could not prepare the request: {type(exc).__name__}: {exc}", self.pb.TritonError.INTERNAL)
                 continue
             self.live[seq.index] = _Live(sender, seq, parsed.stream, requested)
             self.scheduler.submit(seq)
@@ -149,8 +150,8 @@ class Orchestrator:
         self.live.pop(live.seq.index, None)
 
     def _abort(self, exc: Exception) -> None:
-        """An unexpected failure inside a round: answer every request in flight with the error and
-        start a fresh Scheduler (the old batch's state cannot be trusted)."""
+        """An unexpected failure in the engine thread: answer every request in flight with the error
+        and start a fresh Scheduler (the old batch's state cannot be trusted)."""
         self.log(f"specc: speculative round failed:\n{traceback.format_exc()}")
         for live in self.live.values():
             self._fail(live.sender, f"the speculative engine failed: {type(exc).__name__}: {exc}", self.pb.TritonError.INTERNAL)

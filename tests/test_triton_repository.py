@@ -87,6 +87,20 @@ def test_split_layout_native_engines(bundles, tmp_path):
         check_files(repo / f"spec_{role}" / "1", bundles["draft"], [f"{role}/{f}" for f in entry["files"]],
                     placed=lambda rel: rel.split("/", 1)[1])
         assert not (repo / f"spec_{role}" / "1" / "model.py").exists()
+        assert onnx_signature(repo / f"spec_{role}" / "1" / "model.onnx") == {
+            t.name: (model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in list(c.input) + list(c.output)}
+
+
+def onnx_signature(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """What Triton's onnxruntime backend checks a config against: each graph input's and output's
+    type and dims (symbolic dims as -1)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    types = {onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.FLOAT: "TYPE_FP32"}
+    return {v.name: (types[v.type.tensor_type.elem_type],
+                     [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim])
+            for v in list(model.graph.input) + list(model.graph.output)}
 
 
 def test_split_layout_python_engines_serve_any_backend(bundles, tmp_path):

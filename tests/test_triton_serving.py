@@ -104,6 +104,15 @@ def check_matches(requests, completions) -> None:
 
 
 def test_concurrent_requests_are_batched_and_equal_generate(in_process, reference):
+    scheduler, batch_sizes = in_process.orchestrator.scheduler, []
+    step = scheduler.step
+
+    def recording_step():
+        events = step()
+        batch_sizes.append(len(scheduler.batch.seqs) if scheduler.batch else 0)
+        return events
+
+    scheduler.step = recording_step
     first = [request(p, max_tokens=24) for p in PROMPTS[:8]]
     bad = [request("hi", max_tokens=-3), request(""), request("x" * 300, max_tokens=8), request("hi", temperature=-1.0)]
     in_process.execute(first[:4] + bad[:2] + first[4:] + bad[2:])
@@ -112,6 +121,7 @@ def test_concurrent_requests_are_batched_and_equal_generate(in_process, referenc
     in_process.execute(late)
     wait(first + bad + late)
     check_matches(first + late, reference.generate(PROMPTS, max_new_tokens=24))
+    assert max(batch_sizes) == 4  # the bundle's max_batch: requests in flight share the rounds
     for r, prompt in zip(first + late, PROMPTS):
         assert len(r.sender.responses) > 1 or len(r.sender.ids) <= 1  # streamed: a response per round
         stats = json.loads(final(r.sender, "speculation_stats"))

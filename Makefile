@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Triton's python-backend stub links the system libpython3.11: its environment must be a venv of
+# the system python3.11 (docs/triton.md). The real-server tests and examples/triton use it.
+TRITON_PYTHON ?= /usr/bin/python3.11
+TRITON_VENV ?= .venv-triton
 
-.PHONY: demo test clean
+.PHONY: demo test triton-env clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +26,17 @@ demo: $(BIN)/python
 
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	-$(MAKE) --no-print-directory triton-env
 	$(BIN)/python -m pytest -q
+
+triton-env: $(TRITON_VENV)/.installed
+
+$(TRITON_VENV)/.installed: pyproject.toml
+	$(TRITON_PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRITON_VENV)/bin/python -m pip install -q -e '.[triton-server]'
+	touch $@
 
 clean:
 	rm -rf bundles bench-results

@@ -104,6 +104,19 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_triton(args) -> int:
+    from .triton import write_repository
+
+    plans = write_repository(args.bundle, args.repo, name=args.name, layout=args.layout, engines=args.engines,
+                             force=args.force, default_max_tokens=args.default_max_tokens)
+    print(f"Triton model repository written to {args.repo} (layout {args.layout}):")
+    for plan in plans:
+        print(f"  {plan.name:<24} {plan.summary}")
+    print(f"serve it with `tritonserver --model-repository {args.repo}` (the server's Python environment needs specc); "
+          f"clients call model {plans[0].name!r}, see docs/triton.md")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .report import doctor_report
 
@@ -207,6 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-verify", action="store_true")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("triton", help="write a Triton Inference Server model repository that serves a bundle",
+                       description="Write a Triton model repository: the speculative orchestrator as a python-backend "
+                                   "model in decoupled mode (streams tokens as rounds accept them). docs/triton.md "
+                                   "compares the layouts and lists the model's inputs and outputs.")
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--repo", type=Path, required=True, help="the model repository directory to write")
+    p.add_argument("--name", help="the model clients call (default: the bundle directory's name)")
+    p.add_argument("--layout", choices=["in-process", "split"], default="in-process",
+                   help="in-process: one python model runs the whole bundle (every backend); split: target and draft "
+                        "are separate Triton models the orchestrator calls with BLS")
+    p.add_argument("--engines", choices=["native", "python"], default="native",
+                   help="split layout: serve the graphs with Triton's onnxruntime_onnx / tensorrt_plan platform "
+                        "(native), or with python-backend models running the bundle's backend")
+    p.add_argument("--default-max-tokens", type=int, default=64, help="max_tokens of requests that do not set it")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty repository (replaces model directories of the same names)")
+    p.set_defaults(func=cmd_triton)
 
     p = sub.add_parser("doctor", help="which backends, devices and versions this machine has")
     p.set_defaults(func=cmd_doctor)

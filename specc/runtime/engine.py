@@ -10,11 +10,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence as Seq
+from typing import Callable, Iterator, Sequence as Seq
 
 import torch
 
-from ..backends import LowerOptions, get_backend
+from ..backends import LowerOptions, Runner, get_backend
 from ..bundle import Bundle, open_bundle
 from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
@@ -81,13 +81,14 @@ class RunStats:
 class SpecModel:
     """Generate with a compiled bundle: `specc.load(path).generate(["prompt"])`."""
 
-    def __init__(self, bundle: Bundle):
+    def __init__(self, bundle: Bundle, open_graph: Callable[[Bundle, str], Runner] | None = None):
+        """open_graph(bundle, role) opens one graph's engine; by default `open_runner`, the bundle's
+        backend in this process (specc.triton passes one that calls engines served by Triton)."""
         self.bundle = bundle
         m = bundle.manifest
         recipe = m["recipe"]
         self.device = torch.device(recipe.get("device", "cpu"))
-        self.backend = get_backend(m["backend"])
-        self.backend.check_versions(m["versions"])
+        self._open_graph = open_graph or open_runner
         self.max_batch = recipe["limits"]["max_batch"]
         self.max_context = recipe["limits"]["max_context"]
         self.k = recipe["speculation"]["k"]
@@ -114,9 +115,8 @@ class SpecModel:
         entry = self.bundle.graph(role)
         if entry is None:
             raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
-        options = LowerOptions(self.bundle.recipe["precision"], str(self.device), entry.get("quantize"))
-        runner = self.backend.load(self.bundle.path / entry["dir"], entry, options)
-        return StepRunner(runner, ModelDims(**entry["model"]), self.device, [i["name"] for i in entry["inputs"]])
+        return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry["model"]), self.device,
+                          [i["name"] for i in entry["inputs"]])
 
     @property
     def can_speculate(self) -> bool:
@@ -434,6 +434,16 @@ def _seeds(seed, n: int) -> list[int]:
     if len(seeds) != n or not all(isinstance(s, int) for s in seeds):
         raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
     return seeds
+
+
+def open_runner(bundle: Bundle, role: str) -> Runner:
+    """Open one graph of a bundle with the bundle's backend, in this process (versions checked)."""
+    backend = get_backend(bundle.manifest["backend"])
+    backend.check_versions(bundle.manifest["versions"])
+    entry = bundle.graph(role)
+    recipe = bundle.recipe
+    options = LowerOptions(recipe["precision"], recipe.get("device", "cpu"), entry.get("quantize"))
+    return backend.load(bundle.path / entry["dir"], entry, options)
 
 
 def load(path: str | Path, verify: bool = True) -> SpecModel:

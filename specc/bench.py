@@ -52,27 +52,44 @@ def _run_system(model, items: list[dict], batch_size: int, **kwargs) -> dict:
     return {"summary": total.to_dict(), "tokens": [tokens[i] for i in range(len(items))], "per_prompt": per_prompt}
 
 
-def run_bench(model, items: list[dict], max_new_tokens: int = 64, k_values: list = (None,), repeats: int = 1,
-              json_path: Path | None = None, batch_size: int = 1, seed: int = 0) -> dict:
-    """Measure each system on every prompt, print a table, optionally write JSON; returns the results."""
+def _systems(models: list, k_values: list[int], trees: list) -> list[tuple[str, object, dict]]:
+    """(label, model, generate kwargs) for target-only and every speculative variant asked for."""
+    systems = [("specc target-only", models[0], {"speculative": False})]
+    for model in models:
+        if not model.can_speculate:
+            continue
+        name = model.bundle.path.name
+        variants = [(f"chain k={k}", {"k": k}) for k in k_values]
+        if model.target.has_tree_mask and model.draft_method != "prompt_lookup":
+            variants += [(t.label, {"tree": t}) for t in trees]
+        if not variants:
+            variants = [(model.tree.label if model.tree else f"chain k={model.k}", {})]
+        systems += [(f"{name} [{model.draft_method}] {label}", model, {"speculative": True, **kw}) for label, kw in variants]
+    return systems
+
+
+def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int] = (), trees: list = (),
+              repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0) -> dict:
+    """Measure every system on every prompt, alternating systems within each repeat; print a table,
+    optionally write JSON; returns the results. All bundles must share one target model."""
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
-    systems = [("specc target-only", {"speculative": False})]
-    if model.can_speculate:
-        systems += [(f"specc speculative k={k or model.k}", {"speculative": True, "k": k}) for k in k_values]
+    targets = {m.bundle.manifest["models"]["target"] for m in models}
+    if len(targets) > 1:
+        raise SpeccError(f"bundles compare only against one shared target; these have {sorted(targets)}")
+    systems = _systems(models, list(k_values), list(trees))
     common = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "seed": seed}
-    for _, kw in systems:  # warm-up: first calls pay for allocation and kernel selection
+    for _, model, kw in systems:  # warm-up: first calls pay for allocation and kernel selection
         model.generate([items[0]["prompt"]], **{**common, "max_new_tokens": 4}, **kw)
-    runs: dict[str, list] = {name: [] for name, _ in systems}
+    runs: dict[str, list] = {name: [] for name, _, _ in systems}
     for _ in range(repeats):
-        for name, kw in systems:
+        for name, model, kw in systems:
             runs[name].append(_run_system(model, items, batch_size, **common, **kw))
     reference = runs[systems[0][0]][0]["tokens"]
     results = {"max_new_tokens": max_new_tokens, "prompts": len(items), "repeats": repeats, "batch_size": batch_size,
-               "bundle": str(model.bundle.path), "systems": {}}
-    base_tps = None
-    rows = []
-    for name, _ in systems:
+               "bundles": [str(m.bundle.path) for m in models], "systems": {}}
+    base_tps, rows = None, []
+    for name, _, _ in systems:
         median = sorted(runs[name], key=lambda r: r["summary"]["tokens_per_second"])[len(runs[name]) // 2]
         s = median["summary"]
         equal = sum(a == b for a, b in zip(median["tokens"], reference))
@@ -86,9 +103,9 @@ def run_bench(model, items: list[dict], max_new_tokens: int = 64, k_values: list
                      s["host_seconds"], s["outputs_equal_target_only"]])
     print(table(["system", "tok/s", "speed-up", "acceptance", "tokens/pass", "prefill s", "draft s", "target s",
                  "host s", "equal"], rows))
-    for name, _ in systems[1:]:
+    for name, _, _ in systems[1:]:
         pos = results["systems"][name]["acceptance_by_position"]
-        print(f"{name}: acceptance by position " + " ".join(f"{a:.2f}" for a in pos))
+        print(f"{name}: acceptance by position " + " ".join(f"{a:.2f}" for a in pos if a is not None))
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(results, indent=2))

@@ -83,12 +83,14 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from . import load
     from .bench import run_bench
+    from .runtime.tree import TreeShape
 
-    model = _load(args)
-    items = _read_prompts(args)
-    run_bench(model, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [None], repeats=args.repeats,
-              json_path=args.json, batch_size=args.batch_size, seed=args.seed)
+    models = [load(path, verify=not args.no_verify) for path in args.bundle]
+    trees = [TreeShape.parse(t) for t in args.tree or []]
+    run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
+              repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed)
     return 0
 
 
@@ -205,11 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="speculative vs target-only on the same prompts, in one run")
-    p.add_argument("bundle", type=Path)
+    p.add_argument("bundle", type=Path, nargs="+", help="one or more bundles of the same target (the first gives the baseline)")
     _add_prompts(p)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, action="append", help="speculation length to measure (repeatable)")
+    p.add_argument("--k", type=int, action="append", help="chain speculation length to measure (repeatable)")
+    p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES to measure on tree bundles (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
     p.add_argument("--json", type=Path, help="write the results here")

@@ -53,9 +53,9 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
     assert main(["bench", str(cli_bundle), "--prompts", str(prompts), "--max-new-tokens", "12", "--k", "2", "--k", "3",
                  "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "specc target-only" in table and "specc speculative k=2" in table
+    assert "specc target-only" in table and "bundle [model] chain k=2" in table
     result = json.loads(out.read_text())
-    assert set(result["systems"]) == {"specc target-only", "specc speculative k=2", "specc speculative k=3"}
+    assert set(result["systems"]) == {"specc target-only", "bundle [model] chain k=2", "bundle [model] chain k=3"}
     for s in result["systems"].values():
         assert s["outputs_equal_target_only"] == "2/2" and s["tokens_per_second"] > 0
 
@@ -106,3 +106,18 @@ def test_compile_help_documents_every_field(capsys):
     out = capsys.readouterr().out
     for field in ("target.model", "draft.method", "speculation.k", "limits.max_batch", "backend"):
         assert field in out
+
+
+def test_bench_compares_bundles_and_trees(bundles, tmp_path, capsys):
+    """One run: target-only, a chain bundle, and a tree bundle at the recipe's tree and at a --tree override."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("abc abc abc\nhello\n")
+    assert main(["bench", str(bundles["draft"]), str(bundles["tree_dynamic"]), "--prompts", str(prompts),
+                 "--max-new-tokens", "8", "--tree", "2,2,4", "--tree", "3,2,8", "--json", str(tmp_path / "b.json")]) == 0
+    result = json.loads((tmp_path / "b.json").read_text())
+    names = list(result["systems"])
+    assert names[0] == "specc target-only"
+    assert any(n.startswith("draft [model] chain k=3") for n in names)
+    assert {"tree_dynamic [model] tree depth 2 x 2, <= 4 nodes", "tree_dynamic [model] tree depth 3 x 2, <= 8 nodes"} <= set(names)
+    assert all(s["outputs_equal_target_only"] == "2/2" for s in result["systems"].values())
+    assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--tree", "2,x"]) == 2

@@ -138,18 +138,19 @@ class SpecModel:
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
-               chat: bool = False) -> Iterator[StreamEvent]:
+               tree: TreeShape | None = None, chat: bool = False) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
-        same compiled target without drafting (the in-run baseline). k sets the chain length
-        (chain bundles); tree bundles draft the recipe's tree.
+        same compiled target without drafting (the in-run baseline). k asks for chain
+        speculation of that length, tree for that token tree (bundles compiled for trees);
+        neither: the recipe's speculation.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
-        scheduler = Scheduler(self, speculative=speculative, k=k)
+        scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree)
         for i, ids in enumerate(encoded):
             scheduler.submit(self.new_sequence(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.lookahead))
         self.last_stats = scheduler.stats
@@ -217,15 +218,20 @@ class Scheduler:
     prefills the waiting requests that fit in max_batch, then runs one round over the batch.
     """
 
-    def __init__(self, model: SpecModel, speculative: bool = True, k: int | None = None):
+    def __init__(self, model: SpecModel, speculative: bool = True, k: int | None = None, tree: TreeShape | None = None):
         self.model = model
         self.speculative = speculative and model.can_speculate
-        self.tree = model.tree if self.speculative else None
+        if k is not None and tree is not None:
+            raise RequestError("give k (chain speculation) or tree, not both")
+        if tree is not None and not model.target.has_tree_mask:
+            raise RequestError("this bundle was compiled for chain speculation; trees need speculation.mode tree in the recipe")
+        if tree is not None and isinstance(model.drafter, PromptLookupDrafter):
+            raise RequestError("prompt-lookup drafting proposes chains, not trees")
+        default_tree = model.tree if k is None else None
+        self.tree = (tree or default_tree) if self.speculative else None
         self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
         if self.k and not (isinstance(self.k, int) and 1 <= self.k <= 16):
             raise RequestError(f"k must be in [1, 16], got {self.k!r}")
-        if k is not None and self.tree is not None:
-            raise RequestError("k applies to chain speculation; this bundle drafts a tree (speculation.tree in its recipe)")
         self.waiting: deque[Sequence] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()

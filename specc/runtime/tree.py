@@ -50,6 +50,23 @@ class TreeShape:
         return cls(tuple(norm), max(len(p) for p in norm), max(p[-1] for p in norm) + 1, len(norm))
 
     @property
+    def label(self) -> str:
+        if self.paths:
+            return f"tree static {len(self.paths)} nodes, depth {self.depth}"
+        return f"tree depth {self.depth} x {self.branching}, <= {self.max_nodes} nodes"
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeShape":
+        """`DEPTH,BRANCHING,MAX_NODES` (the CLI's --tree)."""
+        try:
+            depth, branching, max_nodes = (int(x) for x in text.split(","))
+        except ValueError:
+            raise RecipeError("--tree", f"{text!r} is not DEPTH,BRANCHING,MAX_NODES (e.g. 3,2,8)") from None
+        if not (1 <= depth <= 16 and 1 <= branching <= 8 and 1 <= max_nodes <= 128):
+            raise RecipeError("--tree", f"{text!r}: depth 1..16, branching 1..8, max_nodes 1..128")
+        return cls(None, depth, branching, max_nodes)
+
+    @property
     def size(self) -> int:
         """Most drafted nodes per tree (target verifies 1 + size tokens)."""
         return len(self.paths) if self.paths else self.max_nodes

@@ -149,8 +149,7 @@ class TensorRTBackend:
         check_same_gpu(entry, dev, where)
         logger = make_logger(trt)
         runtime = trt.Runtime(logger)
-        with torch.cuda.device(dev):
-            engine = runtime.deserialize_cuda_engine((graph_dir / entry["entry"]).read_bytes())
+        engine = runtime.deserialize_cuda_engine((graph_dir / entry["entry"]).read_bytes())  # on the current device
         if engine is None:
             built = entry.get("versions", {}).get("tensorrt", "an unknown version")
             raise BundleError(f"TensorRT {trt.__version__} could not load {where} (built with TensorRT {built} for "

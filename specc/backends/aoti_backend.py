@@ -63,7 +63,9 @@ class AotiRunner:
 
     @torch.no_grad()
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        return list(self.compiled(*inputs))
+        # The kernels assume the dense strides of the traced examples; the runtime passes views
+        # (verify's logit_index is an expanded arange, stride 0), which they would misread.
+        return list(self.compiled(*(t.contiguous() for t in inputs)))
 
 
 BACKEND = AotiBackend()

@@ -351,3 +351,66 @@ def test_fallback_report_counts_ops_left_to_torch():
     assert report == {"tensorrt_engines": 1, "torch_fallback_nodes": 3,
                       "torch_fallback_ops": {"aten.abs.default": 1, "aten.cumsum.default": 1, "aten.neg.default": 1}}
 
+
+
+# -- the runner's bookkeeping, against a fake engine ------------------------------------------
+
+class FakeContext:
+    def __init__(self, dims):
+        self.dims, self.shapes, self.addresses, self.log = dims, {}, {}, []
+
+    def set_optimization_profile_async(self, index, stream):
+        self.log.append(("profile", index))
+
+    def set_input_shape(self, name, shape):
+        self.shapes[name] = shape
+
+    def set_tensor_address(self, name, ptr):
+        self.addresses[name] = ptr
+
+    def get_tensor_shape(self, name):
+        b, t = self.shapes["input_ids"]
+        r = self.shapes["logit_index"][1]
+        d = self.dims
+        return (b, r, d.vocab_size) if name == "logits" else (d.n_layers, b, d.n_kv_heads, t, d.head_dim)
+
+    def execute_async_v3(self, stream):
+        self.log.append(("execute", dict(self.shapes)))
+        return True
+
+
+def test_runner_selects_profiles_and_binds_tensors_in_place(monkeypatch, recipe, hf_model):
+    from specc.backends.profiles import Profile
+    from specc.backends.trt_runner import TrtRunner
+    from specc.capture.export import example_inputs
+
+    fake = FakeTensorRT()
+    fake.DataType = types.SimpleNamespace(FLOAT="f32", HALF="f16", INT32="i32", INT64="i64", BOOL="b", INT8="i8",
+                                          UINT8="u8", BF16="bf16")
+    graph = capture("target", hf_model, dim_ranges(4, 256))
+    plan = shape_plan(recipe, "target", graph)
+    contexts = []
+    engine = types.SimpleNamespace(
+        num_optimization_profiles=2,
+        get_tensor_dtype=lambda name: "i64" if name in ("input_ids", "position_ids", "cache_len", "logit_index") else "f32",
+        create_execution_context=lambda *strategy: contexts.append(FakeContext(graph.dims)) or contexts[-1])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    profiles = [Profile.from_dict(p.to_dict()) for p in plan.profiles]
+    runner = TrtRunner(fake, engine, plan.inputs, graph.outputs, profiles, torch.device("cpu"))
+
+    verify = example_inputs(graph.dims, torch.float32, batch=2, tokens=4, cache=64)
+    args = [verify[i.name] for i in graph.inputs]
+    args[3] = torch.arange(4).expand(2, -1)  # a view, as the runtime passes it
+    logits, new_k, new_v = runner(*args)
+    ctx = contexts[0]
+    assert ctx.log[0] == ("profile", 0) and ctx.log[-1][0] == "execute"
+    assert ctx.shapes["k_cache"] == (2, 2, 2, 64, 16) and ctx.addresses["k_cache"] == args[4].data_ptr()  # no copy
+    assert ctx.addresses["logits"] == logits.data_ptr() and logits.shape == (2, 4, graph.dims.vocab_size)
+    assert new_k.shape == (2, 2, 2, 4, 16) and logits.dtype == torch.float32
+
+    prompt = example_inputs(graph.dims, torch.float32, batch=2, tokens=40, cache=64)
+    runner(*[prompt[i.name] for i in graph.inputs])
+    assert ("profile", 1) in ctx.log  # 40 tokens only fit the prefill profile
+    with pytest.raises(Exception, match="no engine profile holds"):
+        too_many = example_inputs(graph.dims, torch.float32, batch=5, tokens=1, cache=64)
+        runner(*[too_many[i.name] for i in graph.inputs])

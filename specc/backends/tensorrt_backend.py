@@ -155,8 +155,8 @@ class TensorRTBackend:
             raise BundleError(f"TensorRT {trt.__version__} could not load {where} (built with TensorRT {built} for "
                               f"{entry.get('gpu', 'an unknown GPU')}): {' '.join(logger.errors) or 'no reason given'}")
         profiles = [Profile.from_dict(p) for p in entry["profiles"]]
-        return TrtRunner(trt, runtime, engine, entry["inputs"], list(entry["outputs"]), profiles, dev,
-                         cuda_graphs=bool(entry.get("cuda_graphs")))
+        return TrtRunner(trt, engine, entry["inputs"], list(entry["outputs"]), profiles, dev,
+                         cuda_graphs=bool(entry.get("cuda_graphs")), keepalive=(runtime, logger))
 
 
 def build_engine(trt, onnx_path: Path, options: LowerOptions, timing_cache: bytes) -> tuple[bytes, bytes]:

@@ -93,9 +93,9 @@ class _Captured:
 class TrtRunner:
     """A deserialized engine as a step-graph Runner: positional CUDA tensors in, CUDA tensors out."""
 
-    def __init__(self, trt, runtime, engine, inputs: list[dict], output_names: list[str], profiles: list[Profile],
-                 device: torch.device, cuda_graphs: bool = False):
-        self.trt, self.runtime, self.engine = trt, runtime, engine  # the runtime must outlive its engine
+    def __init__(self, trt, engine, inputs: list[dict], output_names: list[str], profiles: list[Profile],
+                 device: torch.device, cuda_graphs: bool = False, keepalive: tuple = ()):
+        self.engine, self.keepalive = engine, keepalive  # the runtime and its logger must outlive the engine
         self.inputs, self.input_names = inputs, [i["name"] for i in inputs]
         self.output_names, self.profiles, self.device = output_names, profiles, device
         self.input_dtypes = {n: torch_dtype(trt, engine.get_tensor_dtype(n)) for n in self.input_names}

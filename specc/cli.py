@@ -126,6 +126,16 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+def cmd_trt_check(args) -> int:
+    from .backends.trt_coverage import check_onnx, format_report
+
+    if not args.onnx.is_file():
+        raise SpeccError(f"{args.onnx} does not exist or is not a file")
+    report = check_onnx(args.onnx)
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
 def cmd_passes(args) -> int:
     from .passes import describe_passes
 
@@ -244,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="which backends, devices and versions this machine has")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("trt-check", help="check an ONNX file against TensorRT's supported operators (no TensorRT needed)")
+    p.add_argument("onnx", type=Path)
+    p.set_defaults(func=cmd_trt_check)
 
     p = sub.add_parser("passes", help="list the graph passes with their contracts")
     p.set_defaults(func=cmd_passes)

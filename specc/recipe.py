@@ -82,6 +82,14 @@ class LimitsSpec:
 
 
 @dataclass(frozen=True)
+class TensorRTSpec:
+    workspace_mb: int = _f(4096, "builder memory pool limit (TensorRT workspace), MiB", lo=16)
+    optimization_level: int = _f(3, "TensorRT builder optimisation level: higher builds longer, may run faster", lo=0, hi=5)
+    min_block_size: int = _f(5, "torch_tensorrt: fewest consecutive convertible ops put in a TensorRT engine", lo=1)
+    cuda_graphs: bool = _f(False, "tensorrt: replay fixed-shape draft and verify steps as CUDA graphs")
+
+
+@dataclass(frozen=True)
 class Recipe:
     target: TargetSpec = _f(TargetSpec(), "the model whose output distribution is kept exactly")
     draft: DraftSpec = _f(DraftSpec(), "the cheap proposer")
@@ -91,6 +99,7 @@ class Recipe:
     backend: str = _f("onnxruntime", "engine the graphs are lowered to", choices=BACKENDS)
     precision: str = _f("fp32", "engine precision (fp16/bf16 for GPU backends)", choices=PRECISIONS)
     device: str = _f("cpu", "device the engines run on", choices=("cpu", "cuda"))
+    tensorrt: TensorRTSpec = _f(TensorRTSpec(), "settings of the tensorrt and torch_tensorrt backends")
     output: str = _f("bundles/out", "bundle directory written by `specc compile` (relative to the current directory)")
 
     def to_dict(self) -> dict:
@@ -165,6 +174,9 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("device", f"backend {r.backend!r} needs device 'cuda'")
     if r.precision != "fp32" and r.device == "cpu":
         raise RecipeError("precision", f"{r.precision!r} is for GPU backends; on cpu use fp32")
+    if r.precision != "fp32" and r.backend not in ("tensorrt", "torch_tensorrt"):
+        raise RecipeError("precision", f"backend {r.backend!r} runs the graph in the traced dtype; "
+                          f"set target.dtype (float16, bfloat16) instead of precision {r.precision!r}")
     if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
         raise RecipeError("speculation.verify_head", "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":

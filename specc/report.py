@@ -63,6 +63,19 @@ def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
             lines.append(f"  in  {i['name']:<14} {i['dtype']:<8} {i['shape']}")
         lines.append(f"  out {', '.join(g['outputs'])}")
         lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g["ranges"].items()))
+        for profile in g.get("profiles", []) + ([g["profile"]] if "profile" in g else []):
+            lines.append(f"  profile   {profile['name']}: " + ", ".join(
+                f"{d} {lo}..{hi} (opt {opt})" for d, (lo, opt, hi) in profile["dims"].items()))
+        if "compute_capability" in g:
+            lines.append(f"  gpu       {g.get('gpu')} (compute capability {g['compute_capability']}), precision {g.get('precision', '-')}")
+        if "op_coverage" in g:
+            c = g["op_coverage"]
+            lines.append(f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
+                         f"operator table: {len(c['unsupported'])} unsupported")
+        if "fallback" in g:
+            f = g["fallback"]
+            lines.append(f"  fallback  {f['tensorrt_engines']} TensorRT engines, {f['torch_fallback_nodes']} nodes left to torch"
+                         + (f" ({', '.join(f['torch_fallback_ops'])})" if f["torch_fallback_ops"] else ""))
         for note in g.get("passes", []):
             lines.append(f"  pass      {note}")
         if "numerics" in g:

@@ -37,6 +37,9 @@ def test_minimal_recipe_gets_defaults():
     ({"target": {"model": "m"}, "draft": {"method": "quantized", "quantize": "int8"}, "backend": "torch"}, "draft.quantize", "onnxruntime"),
     ({**BASE, "backend": "tensorrt"}, "device", "cuda"),
     ({**BASE, "precision": "fp16"}, "precision", "GPU"),
+    ({**BASE, "backend": "aoti", "device": "cuda", "precision": "fp16"}, "precision", "target.dtype"),
+    ({**BASE, "tensorrt": {"optimization_level": 9}}, "tensorrt.optimization_level", "maximum 5"),
+    ({**BASE, "tensorrt": {"cuda_graphs": "yes"}}, "tensorrt.cuda_graphs", "true or false"),
     ({**BASE, "target": "m"}, "target", "mapping"),
 ])
 def test_errors_name_field_and_allowed_values(data, path, allowed):
@@ -67,7 +70,7 @@ def test_model_paths_resolve_against_recipe_folder(tmp_path):
 def test_schema_description_lists_every_field():
     text = "\n".join(describe_schema())
     for field in ("target.model", "draft.method", "speculation.k", "speculation.tree.max_nodes", "sampling.top_p",
-                  "limits.max_context", "backend", "precision", "output"):
+                  "limits.max_context", "backend", "precision", "tensorrt.workspace_mb", "output"):
         assert field in text
 
 

@@ -8,12 +8,18 @@ from typing import Protocol
 import torch
 from torch.export import ExportedProgram
 
+from ..recipe import TensorRTSpec
+from .profiles import ShapePlan
+
 
 @dataclass(frozen=True)
 class LowerOptions:
     precision: str = "fp32"
     device: str = "cpu"
     quantize: str | None = None  # "int8": dynamic weight quantisation (onnxruntime)
+    shapes: ShapePlan | None = None  # shape profiles, for backends that build per shape range (tensorrt, torch_tensorrt)
+    tensorrt: TensorRTSpec = TensorRTSpec()
+    previous_dir: Path | None = None  # this graph's directory in the bundle being replaced (TensorRT reuses its timing cache)
 
 
 class Runner(Protocol):

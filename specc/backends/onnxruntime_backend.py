@@ -1,11 +1,8 @@
 """`onnxruntime`: ONNX from the exported program, run by ONNX Runtime; the portable CPU default."""
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import LowerOptions, require_version
+from .onnx_export import export_onnx, opset_of
 
 FILE = "model.onnx"
 QUANTIZED_FILES = {"int8": "model.int8.onnx", "int4": "model.int4.onnx"}
@@ -39,16 +37,7 @@ class OnnxRuntimeBackend:
         import onnxruntime
 
         path = out_dir / FILE
-        # The exporter prints progress to stdout and warns about torchvision; keep specc's own output clean.
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            onnx_program = torch.onnx.export(
-                program, (), dynamo=True, input_names=input_names, output_names=output_names,
-                opset_version=OPSET, optimize=True, verbose=False,
-            )
-        onnx_program.save(str(path), external_data=True)
-        onnx.checker.check_model(str(path))
+        export_onnx(program, path, input_names, output_names, OPSET)
         files = sorted(p.name for p in out_dir.iterdir())
         entry = FILE
         if options.quantize:
@@ -58,7 +47,7 @@ class OnnxRuntimeBackend:
                 (out_dir / name).unlink()
             files = sorted(p.name for p in out_dir.iterdir())
         versions = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-        return {"entry": entry, "files": files, "versions": versions, "opset": _opset(out_dir / entry)}
+        return {"entry": entry, "files": files, "versions": versions, "opset": opset_of(out_dir / entry)}
 
     def check_versions(self, recorded: dict) -> None:
         import onnxruntime
@@ -122,13 +111,6 @@ def _fold_weight_transposes(model) -> None:
         folded = numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), node.output[0])
         model.graph.initializer.append(folded)
         model.graph.node.remove(node)
-
-
-def _opset(path: Path) -> int:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 class OrtRunner:

@@ -11,6 +11,8 @@ from typing import Callable
 
 from ..capture.graph import StepGraph
 
+PASS_TAG = "specc_pass"  # key in an FX node's meta["custom"]: the pass that created the node
+
 
 @dataclass(frozen=True)
 class GraphProperty:
@@ -49,14 +51,24 @@ class GraphPass:
         before = set(graph.gm.graph.nodes)
         note = self.apply(graph)
         graph.finish_edit()
-        for node in graph.gm.graph.nodes:  # provenance, for diagnostics such as op-coverage checks
-            if node not in before:
-                node.meta.setdefault("specc_pass", self.name)
+        tag_new_nodes(graph, before, self.name)
         for prop in self.ensures:
             if not prop.check(graph):
                 raise PassContractError(f"pass {self.name} promised {prop.doc} in the {graph.role} graph but did not deliver it")
         graph.notes.append(f"{self.name}: {note}")
         return note
+
+
+def tag_new_nodes(graph: StepGraph, before: set, pass_name: str) -> None:
+    """Record on every node the pass created which pass that was (`meta["custom"][PASS_TAG]`).
+
+    torch.export keeps `meta["custom"]` when the graph is exported again, and the ONNX export
+    copies it onto the ONNX nodes (backends/onnx_export.py), so a backend that rejects a node
+    can name the pass that produced it.
+    """
+    for node in graph.gm.graph.nodes:
+        if node not in before:
+            node.meta.setdefault("custom", {})[PASS_TAG] = pass_name
 
 
 class PassContractError(RuntimeError):

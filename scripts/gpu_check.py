@@ -135,7 +135,7 @@ def bench(bundle: Path, args, json_path: Path) -> dict:
 
     items = read_prompts(args.prompts)[: args.limit_prompts]
     model = specc.load(bundle)
-    return run_bench(model, items, max_new_tokens=args.max_new_tokens, k_values=args.k, repeats=args.repeats,
+    return run_bench([model], items, max_new_tokens=args.max_new_tokens, k_values=args.k, repeats=args.repeats,
                      json_path=json_path)
 
 

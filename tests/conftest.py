@@ -38,7 +38,7 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
     'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
-    (chain and tree) and prompt lookup. 'self' and 'tree_self' exercise the torch backend."""
+    (chain and tree) and prompt lookup; 'wrong' runs on the torch backend."""
     root = tmp_path_factory.mktemp("bundles")
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
@@ -49,11 +49,11 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     chain_paths = {"mode": "tree", "tree": {"paths": [[0], [0, 0], [0, 0, 0]]}}
     return {
         "draft": build_bundle(root / "draft", t, draft),
-        "self": build_bundle(root / "self", t, itself, backend="torch"),
+        "self": build_bundle(root / "self", t, itself),
         "wrong": build_bundle(root / "wrong", t, wrong, backend="torch"),
         "tree_dynamic": build_bundle(root / "tree_dynamic", t, draft, speculation=dynamic),
         "tree_static": build_bundle(root / "tree_static", t, draft, speculation=static),
-        "tree_self": build_bundle(root / "tree_self", t, itself, backend="torch", speculation=static),
+        "tree_self": build_bundle(root / "tree_self", t, itself, speculation=static),
         "tree_wrong": build_bundle(root / "tree_wrong", t, wrong, speculation=chain_paths),
         "early_exit": build_bundle(root / "early_exit", t, {"method": "early_exit", "layer": 2}),
         "early_exit_tree": build_bundle(root / "early_exit_tree", t, {"method": "early_exit", "layer": 1},

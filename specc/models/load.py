@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..bundle import sha256_of
 from ..errors import ModelError
 from . import catalog
 from .cache import cache_dir
@@ -53,7 +54,7 @@ def resolve_source(source: str) -> Path:
             raise ModelError(f"{path} is a directory but has no config.json; expected a Hugging Face model directory")
         return path
     if path.is_file() and path.suffix == ".gguf":
-        out = cache_dir("models") / f"gguf-{catalog.sha256_file(path)[:16]}"
+        out = cache_dir("models") / f"gguf-{sha256_of(path)[:16]}"
         if (out / "config.json").exists():
             return out
         return convert_gguf(path, out)

@@ -41,6 +41,26 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
     return items
 
 
+def load_bundles(paths: list[Path], verify: bool = True) -> list:
+    """Load bundles; graphs that are byte-identical across them (one target compiled into several
+    bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
+    from .bundle import open_bundle
+    from .runtime.engine import SpecModel, open_runner
+
+    engines: dict[tuple, object] = {}
+
+    def open_graph(bundle, role: str):
+        entry, recipe = bundle.graph(role), bundle.recipe
+        files = tuple(bundle.manifest["files"][f"{entry['dir']}/{f}"]["sha256"] for f in entry["files"])
+        key = (bundle.manifest["backend"], recipe["precision"], recipe.get("device", "cpu"), entry.get("quantize"),
+               entry.get("entry"), files, tuple(i["name"] for i in entry["inputs"]), tuple(entry["outputs"]))
+        if key not in engines:
+            engines[key] = open_runner(bundle, role)
+        return engines[key]
+
+    return [SpecModel(open_bundle(path, verify=verify), open_graph=open_graph) for path in paths]
+
+
 def encode_prompts(model, items: list[dict]) -> list[list[int]]:
     """Token ids of every prompt, as `SpecModel.encode` makes them (chat template for chat prompts)."""
     return [model.encode([it["prompt"]], chat=it["chat"])[0] for it in items]

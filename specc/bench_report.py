@@ -92,6 +92,7 @@ def plot(results: dict, path: Path) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     systems = results["systems"]
     names = list(systems)
@@ -117,6 +118,7 @@ def plot(results: dict, path: Path) -> bool:
             xs = [i + 1 for i, a in enumerate(pos) if a is not None]
             ax.plot(xs, [a for a in pos if a is not None], marker="o",
                     linestyle="--" if systems[n]["family"] == "hf" else "-", label=n)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft position")
         ax.set_ylabel("fraction of rounds accepted up to here")
         ax.set_ylim(0, 1.02)

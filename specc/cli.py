@@ -83,11 +83,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import load
-    from .bench import run_bench
+    from .bench import load_bundles, run_bench
     from .runtime.tree import TreeShape
 
-    models = [load(path, verify=not args.no_verify) for path in args.bundle]
+    models = load_bundles(args.bundle, verify=not args.no_verify)
     trees = [TreeShape.parse(t) for t in args.tree or []]
     run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
               repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specc.bench import compare_tokens, summarise
+from specc.bench import compare_tokens, load_bundles, summarise
 from specc.bench_report import summary_table
 from specc.cli import main
 
@@ -68,6 +68,13 @@ def test_compare_hf_with_prompt_lookup_skips_assisted(bundles, prompts, tmp_path
 def test_compare_hf_needs_batch_one(bundles, prompts, capsys):
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--compare", "hf", "--batch-size", "2"]) == 2
     assert "specc: error: --compare hf measures batch 1" in capsys.readouterr().err
+
+
+def test_bundles_of_one_target_share_its_engine(bundles):
+    draft, lookup, early_exit = load_bundles([bundles["draft"], bundles["prompt_lookup"], bundles["early_exit"]])
+    assert draft.target.runner is lookup.target.runner is early_exit.target.runner
+    assert draft.drafter.step.runner is not draft.target.runner
+    assert early_exit.drafter.step.runner is not draft.drafter.step.runner
 
 
 def test_compare_tokens():

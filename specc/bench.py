@@ -133,17 +133,18 @@ def compare_tokens(tokens: list[int], reference: list[int]) -> tuple[str, int | 
     return ("prefix", n) if first is None else ("differs", first)
 
 
-def _median(runs: list[dict]) -> dict:
+def median_run(runs: list[dict]) -> dict:
+    """The repeat with the median aggregate tokens/s."""
     return sorted(runs, key=lambda r: r["summary"]["tokens_per_second"] or 0.0)[len(runs) // 2]
 
 
 def summarise(systems: list, runs: dict[str, list[dict]], items: list[dict]) -> dict[str, dict]:
     """Per system: the median repeat's figures, equality with systems[0] per prompt, speed-ups."""
-    reference = _median(runs[systems[0].name])
+    reference = median_run(runs[systems[0].name])
     base = reference["summary"]["tokens_per_second"]
     out = {}
     for s in systems:
-        med = _median(runs[s.name])
+        med = median_run(runs[s.name])
         summary = dict(med["summary"])
         counts = {"equal": 0, "prefix": 0, "differs": 0}
         per_prompt = []

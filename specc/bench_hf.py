@@ -126,7 +126,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
     for source, users in drafts.items():
         draft = load_model(source, dtype, device).model
         draft.generation_config = _with_assisted_defaults(neutral_generation_config(draft, eos_ids, pad_id),
-                                                          getattr(draft, "generation_config", None))
+                                                          draft.generation_config)
         label = Path(source).name
         quantized = sorted({u.bundle.path.name for u in users if u.bundle.graph("draft").get("quantize")})
         note = {"note": f"unquantised draft weights (specc's {', '.join(quantized)} quantise them)"} if quantized else {}
@@ -167,7 +167,7 @@ def _with_assisted_defaults(config, loaded):
     else:  # transformers 4: the defaults are the attributes of a fresh config
         defaults = GenerationConfig().to_dict()
     for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
-        value = getattr(loaded, name, None) if loaded is not None else None
+        value = getattr(loaded, name, None)
         setattr(config, name, defaults[name] if value is None else value)
     return config
 

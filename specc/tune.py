@@ -63,11 +63,12 @@ def predicted_speedup(alpha: float, k: int, costs: Costs, hit_rate: float = 1.0)
     return tokens / (cost / c_t)
 
 
-def _timed(fn, samples: list[float]) -> None:
-    """Call fn once and append its wall time to samples."""
+def _timed(fn, samples: list[float], keep: bool = True) -> None:
+    """Call fn once; append its wall time to samples if keep."""
     start = time.perf_counter()
     fn()
-    samples.append(time.perf_counter() - start)
+    if keep:
+        samples.append(time.perf_counter() - start)
 
 
 def _head_inputs(width: int, n_draft: int, vocab: int) -> dict[str, torch.Tensor]:
@@ -118,16 +119,15 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
             _, new_k, new_v = drafter.step(ids, draft_cache, logit_index=torch.tensor([[n - 1]], device=device))
             draft_cache.commit(new_k, new_v, torch.tensor([n], device=device))
         first = torch.zeros(1, 1, dtype=torch.long, device=device)
-        for r in range(repeats + 1):  # round 0 warms this cache's shapes up and is not recorded
-            record = (lambda samples: samples) if r else (lambda samples: [])
-            _timed(lambda: _target_call(model, feed[:, :1], cache, first), record(target_s))
+        for r in range(repeats + 1):  # round 0 warms this cache's shapes up and is not kept
+            _timed(lambda: _target_call(model, feed[:, :1], cache, first), target_s, r > 0)
             for k in verify_s:
                 rows = torch.arange(k + 1, device=device)[None]
-                _timed(lambda: _target_call(model, feed[:, :k + 1], cache, rows), record(verify_s[k]))
+                _timed(lambda: _target_call(model, feed[:, :k + 1], cache, rows), verify_s[k], r > 0)
             if draft_cache is not None:
-                _timed(lambda: drafter.step(feed[:, :1], draft_cache, logit_index=first), record(draft_s))
+                _timed(lambda: drafter.step(feed[:, :1], draft_cache, logit_index=first), draft_s, r > 0)
             elif isinstance(drafter, PromptLookupDrafter):
-                _timed(lambda: drafter.lookup(prompt, k_max), record(draft_s))
+                _timed(lambda: drafter.lookup(prompt, k_max), draft_s, r > 0)
     lookup = isinstance(drafter, PromptLookupDrafter)
     med = statistics.median
     return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()},
@@ -145,13 +145,15 @@ def check_bundle(model) -> None:
 def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64, repeats: int = 3,
              timing_prompts: int = 4, check_k: list[int] | None = None) -> dict:
     """Measure, predict, pick k, check; returns the results (printed by `format_tune`)."""
-    from .bench import SpeccSystem, _median, encode_prompts
+    from .bench import SpeccSystem, encode_prompts, median_run
 
     check_bundle(model)
     if not 1 <= k_max <= 16:
         raise SpeccError(f"--k-max must be in [1, 16], got {k_max}")
     if repeats < 1 or timing_prompts < 1:
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
+    if check_k and not all(1 <= k <= k_max for k in check_k):
+        raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
     prompts = encode_prompts(model, items)
     model.generate(prompts[:1], max_new_tokens=4, temperature=0.0, k=k_max)  # warm-up
     costs = measure_costs(model, prompts[:timing_prompts], k_max, repeats=max(5, repeats))
@@ -173,10 +175,10 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     for _ in range(repeats):
         for s in systems:
             runs[s.name].append(s.run(prompts, max_new_tokens))
-    base = _median(runs["target-only"])["summary"]
+    base = median_run(runs["target-only"])["summary"]
     measured = {}
     for k in ks:
-        r = _median(runs[f"k={k}"])["summary"]
+        r = median_run(runs[f"k={k}"])["summary"]
         measured[k] = {
             "speedup": r["tokens_per_second"] / base["tokens_per_second"], "tokens_per_second": r["tokens_per_second"],
             "per_token_acceptance": r["per_token_acceptance"], "tokens_per_target_pass": r["tokens_per_target_pass"],

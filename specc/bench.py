@@ -93,7 +93,8 @@ class SpeccSystem:
             for c in done:
                 tokens[lo + c.index] = c.token_ids
                 seconds = call.seconds if self.batch_size == 1 else None  # a batch's time is not one prompt's
-                per_prompt.append({"prompt": lo + c.index, "new_tokens": len(c.token_ids), "seconds": seconds,
+                per_prompt.append({"prompt": lo + c.index, "new_tokens": len(c.token_ids),
+                                   "finish_reason": c.finish_reason, "seconds": seconds,
                                    "tokens_per_second": len(c.token_ids) / seconds if seconds else None, **c.stats})
             total.merge(call)
         return {"summary": total.to_dict(), "tokens": tokens, "per_prompt": sorted(per_prompt, key=lambda p: p["prompt"])}
@@ -151,8 +152,11 @@ def summarise(systems: list, runs: dict[str, list[dict]], items: list[dict]) -> 
         for p, tokens in zip(med["per_prompt"], med["tokens"]):
             status, where = compare_tokens(tokens, reference["tokens"][p["prompt"]])
             counts[status] += 1
-            per_prompt.append({**p, "kind": items[p["prompt"]]["kind"], "equality": status,
-                               **({"first_difference" if status == "differs" else "common_prefix": where} if where is not None else {})})
+            entry = {**p, "kind": items[p["prompt"]]["kind"], "equality": status}
+            if status != "equal":  # both outputs, so a difference can be inspected
+                entry.update({"first_difference" if status == "differs" else "common_prefix": where, "tokens": tokens,
+                              "reference_tokens": reference["tokens"][p["prompt"]]})
+            per_prompt.append(entry)
         summary.update({
             "family": s.family,
             "speculative": s.speculative,

@@ -62,11 +62,11 @@ class HFSystem:
         """Generate every prompt; token ids (EOS stripped), per-prompt figures and the aggregate."""
         tokens, per_prompt, total, seconds = [], [], RowStats(), 0.0
         for i, ids in enumerate(prompts):
-            out, took, stats = self.generate(ids, max_new_tokens)
+            out, reason, took, stats = self.generate(ids, max_new_tokens)
             tokens.append(out)
             seconds += took
             total.merge(stats)
-            per_prompt.append({"prompt": i, "new_tokens": len(out), "seconds": took,
+            per_prompt.append({"prompt": i, "new_tokens": len(out), "finish_reason": reason, "seconds": took,
                                "tokens_per_second": len(out) / took if took else None, **stats.to_dict()})
         new_tokens = sum(len(t) for t in tokens)
         summary = {"requests": len(prompts), "new_tokens": new_tokens, "seconds": seconds,
@@ -74,8 +74,9 @@ class HFSystem:
                    "draft_seconds": None, "target_seconds": None, "host_seconds": None, **total.to_dict()}
         return {"summary": summary, "tokens": tokens, "per_prompt": per_prompt}
 
-    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], float, RowStats]:
-        """One prompt: new token ids up to (not including) the first EOS, wall seconds, round stats."""
+    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], str, float, RowStats]:
+        """One prompt: new token ids up to (not including) the first EOS, the finish reason as specc
+        names it ("stop": EOS, "length"), wall seconds, round stats."""
         x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         stats = RowStats()
         with _assistant_config(self.assistant, self.assistant_config), _record_rounds(self.model, stats), \
@@ -85,8 +86,8 @@ class HFSystem:
                                       do_sample=False, assistant_model=self.assistant, **self.kwargs)
             took = time.perf_counter() - start
         new = out[0, len(ids):].tolist()
-        stop = next((j for j, t in enumerate(new) if t in self.eos_ids), len(new))
-        return new[:stop], took, stats
+        stop = next((j for j, t in enumerate(new) if t in self.eos_ids), None)
+        return (new, "length", took, stats) if stop is None else (new[:stop], "stop", took, stats)
 
 
 def neutral_generation_config(model: torch.nn.Module, eos_ids: list[int], pad_id: int):

@@ -13,7 +13,8 @@ def _notes(r: dict) -> str:
         firsts = [p["first_difference"] for p in r["per_prompt"] if p["equality"] == "differs"]
         notes.append(f"OUTPUT DIFFERS on {eq['differs']} prompt(s), first at token {min(firsts)}")
     if eq["prefix"]:
-        notes.append(f"{eq['prefix']} output(s) only a prefix of the reference's or vice versa (stopped earlier)")
+        notes.append(f"{eq['prefix']} output(s) equal to the reference's over their common prefix but of another "
+                     "length (one stopped earlier; finish reasons per prompt in the JSON)")
     s = r["settings"]
     if "num_assistant_tokens_schedule" in s and s.get("assistant_confidence_threshold"):
         notes.append(f"<= {s['num_assistant_tokens']} drafts, schedule {s['num_assistant_tokens_schedule']}, "

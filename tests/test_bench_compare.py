@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specc.bench import compare_tokens, load_bundles, summarise
+from specc.bench_hf import HFSystem
 from specc.bench_report import summary_table
 from specc.cli import main
 
@@ -37,6 +39,9 @@ def test_compare_hf_with_a_draft_model(bundles, prompts, tmp_path, capsys):
         assert s["equality"] == {"equal": 3, "prefix": 0, "differs": 0, "of": 3}, name
         assert len(s["per_prompt"]) == 3 and all(p["tokens_per_second"] > 0 for p in s["per_prompt"])
         assert s["tokens_per_second_by_kind"].keys() == {"code", "chat"}
+    reasons = [p["finish_reason"] for p in systems["hf target-only"]["per_prompt"]]
+    assert set(reasons) <= {"stop", "length"}
+    assert all([p["finish_reason"] for p in s["per_prompt"]] == reasons for s in systems.values())
     assert systems["hf target-only"]["speedup_vs_reference"] == 1.0
     constant = systems["hf assisted [draft] k=2"]
     assert constant["settings"]["num_assistant_tokens"] == 2 and constant["settings"]["assistant_confidence_threshold"] == 0
@@ -77,6 +82,25 @@ def test_bundles_of_one_target_share_its_engine(bundles):
     assert early_exit.drafter.step.runner is not draft.drafter.step.runner
 
 
+class _FixedModel:
+    """Stands in for a transformers model: generate returns the prompt and then fixed tokens."""
+
+    device = "cpu"
+
+    def __init__(self, new):
+        self.new = new
+
+    def generate(self, x, **kwargs):
+        return torch.cat([x, torch.tensor([self.new])], dim=1)
+
+
+def test_hf_output_ends_before_eos_like_specc():
+    system = HFSystem("hf target-only", _FixedModel([5, 6, 256, 7]), eos_ids=[256])
+    tokens, reason, seconds, stats = system.generate([1, 2, 3], max_new_tokens=4)
+    assert tokens == [5, 6] and reason == "stop" and seconds > 0 and stats.rounds == 0
+    assert HFSystem("x", _FixedModel([5, 6]), eos_ids=[256]).generate([1], 2)[:2] == ([5, 6], "length")
+
+
 def test_compare_tokens():
     assert compare_tokens([1, 2, 3], [1, 2, 3]) == ("equal", None)
     assert compare_tokens([1, 2], [1, 2, 3]) == ("prefix", 2)
@@ -108,6 +132,7 @@ def test_a_different_output_is_counted_and_shown():
     assert out["ok"]["equality"] == {"equal": 2, "prefix": 0, "differs": 0, "of": 2} and out["ok"]["speedup_vs_reference"] == 2.0
     assert out["bad"]["equality"]["differs"] == 1 and out["bad"]["outputs_equal"] == "1/2"  # the median repeat
     assert out["bad"]["per_prompt"][1]["first_difference"] == 1
+    assert out["bad"]["per_prompt"][1]["tokens"] == [4, 7, 6] and out["bad"]["per_prompt"][1]["reference_tokens"] == [4, 5, 6]
     results = {"reference": "ref", "compare": "hf", "systems": out, "skipped": []}
     table = summary_table(results)
     assert "OUTPUT DIFFERS on 1 prompt(s), first at token 1" in table

@@ -57,6 +57,10 @@ def markdown(results: dict) -> str:
         "## Summary",
         "",
         summary_table(results),
+        "",
+        "acceptance: accepted / drafted tokens; alpha/token: accepted / (accepted + rounds ended by a rejection); "
+        "tokens/pass: tokens per target pass, the mean accepted length (accepted drafts per round + 1); "
+        "equal: outputs token-for-token equal to the reference's. docs/benchmarks.md has the method.",
     ]
     spec = [n for n, r in systems.items() if r["speculative"] and r["acceptance_by_position"]]
     if spec:

@@ -51,6 +51,17 @@ def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_p
     assert yaml.safe_load(text)["speculation"] == {"mode": "chain", "k": best}
 
 
+def test_tune_prompt_lookup_uses_the_lookup_cost_and_hit_rate(bundles):
+    import specc
+    from specc.tune import run_tune
+
+    items = [{"prompt": "abc abc abc abc abc", "chat": False, "kind": ""}, {"prompt": "x = 1\nx = 1\nx =", "chat": False, "kind": ""}]
+    result = run_tune(specc.load(bundles["prompt_lookup"]), items, k_max=3, max_new_tokens=8, repeats=1, timing_prompts=1)
+    costs = result["costs"]
+    assert costs["draft_step"] is None and 0 <= costs["lookup"] < costs["target_step"]
+    assert 0 < result["lookup_hit_rate"] <= 1 and result["best_k"] in (1, 2, 3)
+
+
 def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text(PROMPTS)

@@ -1,15 +1,20 @@
-"""`specc bench`: speculative vs target-only on the same compiled target, same prompts, one run.
+"""`specc bench`: specc beside the baselines, on the same prompts and weights, in one run.
 
-Systems are alternated within each repeat so machine noise hits all of them alike; the
-median repeat is reported. Greedy outputs are compared token for token.
+Every system gets the same prompt token ids (encoded once with the bundle's tokenizer; chat
+prompts through its chat template), greedy decoding and the same max_new_tokens. Systems are
+alternated within each repeat so machine noise hits all of them alike; the median repeat (by
+aggregate tokens/s) is reported. Every output is compared token for token with the reference,
+system (1): `hf target-only` with `--compare hf` (bench_hf.py), else `specc target-only`.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpeccError
-from .report import table
+
+SPECC_TARGET_ONLY = "specc target-only"
 
 
 def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
@@ -36,78 +41,200 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
     return items
 
 
-def _run_system(model, items: list[dict], batch_size: int, **kwargs) -> dict:
-    """Generate every prompt; per-prompt token ids and stats summed over the calls."""
-    from .runtime.engine import RunStats
+def load_bundles(paths: list[Path], verify: bool = True) -> list:
+    """Load bundles; graphs that are byte-identical across them (one target compiled into several
+    bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
+    from .bundle import open_bundle
+    from .runtime.engine import SpecModel, open_runner
 
-    tokens, per_prompt, total = {}, [], RunStats()
-    for chat in (False, True):
-        idx = [i for i, it in enumerate(items) if it["chat"] == chat]
-        for lo in range(0, len(idx), batch_size):
-            chunk = idx[lo:lo + batch_size]
-            for c in model.generate([items[i]["prompt"] for i in chunk], chat=chat, **kwargs):
-                tokens[chunk[c.index]] = c.token_ids
-                per_prompt.append({"prompt": chunk[c.index], "new_tokens": len(c.token_ids), **c.stats})
-            total.merge(model.last_stats)
-    return {"summary": total.to_dict(), "tokens": [tokens[i] for i in range(len(items))], "per_prompt": per_prompt}
+    engines: dict[tuple, object] = {}
+
+    def open_graph(bundle, role: str):
+        entry, recipe = bundle.graph(role), bundle.recipe
+        files = tuple(bundle.manifest["files"][f"{entry['dir']}/{f}"]["sha256"] for f in entry["files"])
+        key = (bundle.manifest["backend"], recipe["precision"], recipe.get("device", "cpu"), entry.get("quantize"),
+               entry.get("entry"), files, tuple(i["name"] for i in entry["inputs"]), tuple(entry["outputs"]))
+        if key not in engines:
+            engines[key] = open_runner(bundle, role)
+        return engines[key]
+
+    return [SpecModel(open_bundle(path, verify=verify), open_graph=open_graph) for path in paths]
 
 
-def _systems(models: list, k_values: list[int], trees: list) -> list[tuple[str, object, dict]]:
-    """(label, model, generate kwargs) for target-only and every speculative variant asked for."""
-    systems = [("specc target-only", models[0], {"speculative": False})]
+def encode_prompts(model, items: list[dict]) -> list[list[int]]:
+    """Token ids of every prompt, as `SpecModel.encode` makes them (chat template for chat prompts)."""
+    return [model.encode([it["prompt"]], chat=it["chat"])[0] for it in items]
+
+
+@dataclass
+class SpeccSystem:
+    """A bundle generating with one speculation setting (or none: the same compiled target alone)."""
+
+    name: str
+    model: object  # SpecModel
+    kwargs: dict  # generate() keyword arguments: speculative, k, tree, seed
+    batch_size: int = 1
+    settings: dict = field(default_factory=dict)
+    family: str = "specc"
+
+    @property
+    def speculative(self) -> bool:
+        return self.kwargs["speculative"]
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
+        """Generate every prompt, batch_size at a time; token ids, per-prompt figures and the aggregate."""
+        from .runtime.engine import RunStats
+
+        tokens, per_prompt, total = [None] * len(prompts), [], RunStats()
+        for lo in range(0, len(prompts), self.batch_size):
+            done = self.model.generate(prompts[lo:lo + self.batch_size], max_new_tokens=max_new_tokens,
+                                       temperature=0.0, **self.kwargs)
+            call = self.model.last_stats
+            for c in done:
+                tokens[lo + c.index] = c.token_ids
+                seconds = call.seconds if self.batch_size == 1 else None  # a batch's time is not one prompt's
+                per_prompt.append({"prompt": lo + c.index, "new_tokens": len(c.token_ids),
+                                   "finish_reason": c.finish_reason, "seconds": seconds,
+                                   "tokens_per_second": len(c.token_ids) / seconds if seconds else None, **c.stats})
+            total.merge(call)
+        return {"summary": total.to_dict(), "tokens": tokens, "per_prompt": sorted(per_prompt, key=lambda p: p["prompt"])}
+
+
+def specc_systems(models: list, k_values: list[int], trees: list, batch_size: int = 1, seed: int = 0) -> list[SpeccSystem]:
+    """Target-only on the first bundle's target, then every speculative variant asked for, per bundle."""
+    common = {"seed": seed}
+    first = models[0]
+    systems = [SpeccSystem(SPECC_TARGET_ONLY, first, {"speculative": False, **common}, batch_size,
+                           {"bundle": str(first.bundle.path), "backend": first.bundle.manifest["backend"]})]
     for model in models:
         if not model.can_speculate:
             continue
         name = model.bundle.path.name
-        variants = [(f"chain k={k}", {"k": k}) for k in k_values]
+        variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
         if model.target.has_tree_mask and model.draft_method != "prompt_lookup":
-            variants += [(t.label, {"tree": t}) for t in trees]
+            variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
         if not variants:
-            variants = [(model.tree.label if model.tree else f"chain k={model.k}", {})]
-        systems += [(f"{name} [{model.draft_method}] {label}", model, {"speculative": True, **kw}) for label, kw in variants]
+            label = model.tree.label if model.tree else f"chain k={model.k}"
+            variants = [(label, {}, {"tree": model.tree.label} if model.tree else {"k": model.k})]
+        for label, kw, shape in variants:
+            settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest["backend"],
+                        "draft_method": model.draft_method, **shape}
+            systems.append(SpeccSystem(f"{name} [{model.draft_method}] {label}", model,
+                                       {"speculative": True, **common, **kw}, batch_size, settings))
     return systems
 
 
+def compare_tokens(tokens: list[int], reference: list[int]) -> tuple[str, int | None]:
+    """("equal", None), ("prefix", n) when one output is a strict prefix of the other (n: the shorter
+    length; e.g. one system stopped earlier), or ("differs", index of the first different token)."""
+    if tokens == reference:
+        return "equal", None
+    n = min(len(tokens), len(reference))
+    first = next((i for i in range(n) if tokens[i] != reference[i]), None)
+    return ("prefix", n) if first is None else ("differs", first)
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The repeat with the median aggregate tokens/s."""
+    return sorted(runs, key=lambda r: r["summary"]["tokens_per_second"] or 0.0)[len(runs) // 2]
+
+
+def summarise(systems: list, runs: dict[str, list[dict]], items: list[dict]) -> dict[str, dict]:
+    """Per system: the median repeat's figures, equality with systems[0] per prompt, speed-ups."""
+    reference = median_run(runs[systems[0].name])
+    base = reference["summary"]["tokens_per_second"]
+    out = {}
+    for s in systems:
+        med = median_run(runs[s.name])
+        summary = dict(med["summary"])
+        counts = {"equal": 0, "prefix": 0, "differs": 0}
+        per_prompt = []
+        for p, tokens in zip(med["per_prompt"], med["tokens"]):
+            status, where = compare_tokens(tokens, reference["tokens"][p["prompt"]])
+            counts[status] += 1
+            entry = {**p, "kind": items[p["prompt"]]["kind"], "equality": status}
+            if status != "equal":  # both outputs, so a difference can be inspected
+                entry.update({"first_difference" if status == "differs" else "common_prefix": where, "tokens": tokens,
+                              "reference_tokens": reference["tokens"][p["prompt"]]})
+            per_prompt.append(entry)
+        summary.update({
+            "family": s.family,
+            "speculative": s.speculative,
+            "settings": s.settings,
+            "speedup_vs_reference": summary["tokens_per_second"] / base if base and summary["tokens_per_second"] else None,
+            "equality": {**counts, "of": len(items)},
+            "outputs_equal": f"{counts['equal']}/{len(items)}",
+            "tokens_per_second_all_repeats": [r["summary"]["tokens_per_second"] for r in runs[s.name]],
+            "tokens_per_second_by_kind": _by_kind(per_prompt),
+            "per_prompt": per_prompt,
+        })
+        out[s.name] = summary
+    best = max((n for n, r in out.items() if r["family"] == "hf" and r["speculative"]),
+               key=lambda n: out[n]["tokens_per_second"] or 0.0, default=None)
+    for r in out.values():
+        tps, best_tps = r["tokens_per_second"], best and out[best]["tokens_per_second"]
+        r["speedup_vs_best_hf_speculative"] = tps / best_tps if best_tps and tps else None
+    return out
+
+
+def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
+    """Tokens/s over the prompts of each kind (code, chat, ...), where per-prompt times exist."""
+    if any(p["seconds"] is None for p in per_prompt):
+        return None
+    kinds: dict[str, list[float]] = {}
+    for p in per_prompt:
+        acc = kinds.setdefault(p["kind"] or "-", [0, 0.0])
+        acc[0] += p["new_tokens"]
+        acc[1] += p["seconds"]
+    return {k: n / s if s else None for k, (n, s) in kinds.items()}
+
+
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int] = (), trees: list = (),
-              repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0) -> dict:
+              repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
+              compare: str | None = None) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
-    optionally write JSON; returns the results. All bundles must share one target model."""
+    optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
+
+    All bundles must share one target model. compare="hf" adds the Hugging Face systems of
+    bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
+    `hf target-only` the reference.
+    """
+    from .bench_report import summary_table, write_outputs
+
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
+    if compare not in (None, "hf"):
+        raise SpeccError(f"--compare {compare!r}: the only comparison is 'hf' (Hugging Face transformers)")
+    if compare == "hf" and batch_size != 1:
+        raise SpeccError("--compare hf measures batch 1 (transformers' assisted generation takes one prompt at a time); "
+                         "drop --batch-size")
     targets = {m.bundle.manifest["models"]["target"] for m in models}
     if len(targets) > 1:
         raise SpeccError(f"bundles compare only against one shared target; these have {sorted(targets)}")
-    systems = _systems(models, list(k_values), list(trees))
-    common = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "seed": seed}
-    for _, model, kw in systems:  # warm-up: first calls pay for allocation and kernel selection
-        model.generate([items[0]["prompt"]], **{**common, "max_new_tokens": 4}, **kw)
-    runs: dict[str, list] = {name: [] for name, _, _ in systems}
+    prompts = encode_prompts(models[0], items)
+    systems, skipped = [], []
+    if compare == "hf":
+        from .bench_hf import hf_systems
+
+        systems, skipped = hf_systems(models, list(k_values) or sorted({m.k for m in models}), models[0].tokenizer)
+    systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)
+    for s in systems:  # warm-up: first calls pay for allocation and kernel selection
+        s.run(prompts[:1], 4)
+    runs: dict[str, list] = {s.name: [] for s in systems}
     for _ in range(repeats):
-        for name, model, kw in systems:
-            runs[name].append(_run_system(model, items, batch_size, **common, **kw))
-    reference = runs[systems[0][0]][0]["tokens"]
-    results = {"max_new_tokens": max_new_tokens, "prompts": len(items), "repeats": repeats, "batch_size": batch_size,
-               "bundles": [str(m.bundle.path) for m in models], "systems": {}}
-    base_tps, rows = None, []
-    for name, _, _ in systems:
-        median = sorted(runs[name], key=lambda r: r["summary"]["tokens_per_second"])[len(runs[name]) // 2]
-        s = median["summary"]
-        equal = sum(a == b for a, b in zip(median["tokens"], reference))
-        base_tps = base_tps or s["tokens_per_second"]
-        s["speedup_vs_target_only"] = s["tokens_per_second"] / base_tps
-        s["outputs_equal_target_only"] = f"{equal}/{len(items)}"
-        s["tokens_per_second_all_repeats"] = [r["summary"]["tokens_per_second"] for r in runs[name]]
-        results["systems"][name] = {**s, "per_prompt": median["per_prompt"]}
-        rows.append([name, s["tokens_per_second"], s["speedup_vs_target_only"], s["acceptance_rate"],
-                     s["tokens_per_target_pass"], s["prefill_seconds"], s["draft_seconds"], s["target_seconds"],
-                     s["host_seconds"], s["outputs_equal_target_only"]])
-    print(table(["system", "tok/s", "speed-up", "acceptance", "tokens/pass", "prefill s", "draft s", "target s",
-                 "host s", "equal"], rows))
-    for name, _, _ in systems[1:]:
-        pos = results["systems"][name]["acceptance_by_position"]
-        print(f"{name}: acceptance by position " + " ".join(f"{a:.2f}" for a in pos if a is not None))
+        for s in systems:
+            runs[s.name].append(s.run(prompts, max_new_tokens))
+    results = {
+        "reference": systems[0].name, "compare": compare, "max_new_tokens": max_new_tokens, "prompts": len(items),
+        "prompt_kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},
+        "repeats": repeats, "batch_size": batch_size, "bundles": [str(m.bundle.path) for m in models],
+        "target": next(iter(targets)), "systems": summarise(systems, runs, items), "skipped": skipped,
+    }
+    print(summary_table(results))
+    for name, r in results["systems"].items():
+        if r["speculative"] and r["acceptance_by_position"]:
+            print(f"{name}: acceptance by position " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"] if a is not None))
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(results, indent=2))
-        print(f"results written to {json_path}")
+        for path in write_outputs(results, Path(json_path)):
+            print(f"written: {path}")
     return results

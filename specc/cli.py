@@ -83,14 +83,39 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import load
-    from .bench import run_bench
+    from .bench import load_bundles, run_bench
     from .runtime.tree import TreeShape
 
-    models = [load(path, verify=not args.no_verify) for path in args.bundle]
+    models = load_bundles(args.bundle, verify=not args.no_verify)
     trees = [TreeShape.parse(t) for t in args.tree or []]
     run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
-              repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed)
+              repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from . import load
+    from .tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
+
+    if args.write and not args.recipe:
+        raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
+    model = load(args.bundle, verify=not args.no_verify)
+    if args.recipe:
+        check_recipe_matches(args.recipe, model)
+    result = run_tune(model, _read_prompts(args), k_max=args.k_max, max_new_tokens=args.max_new_tokens,
+                      repeats=args.repeats, timing_prompts=args.timing_prompts, check_k=args.check_k)
+    print(format_tune(result))
+    best = result["best_k"]
+    if args.write:
+        old = set_speculation_k(args.recipe, best)
+        result["recipe_written"] = {"path": str(args.recipe), "speculation.k": [old, best]}
+        print(f"{args.recipe}: speculation.k {old} -> {best} (recompile with `specc compile {args.recipe}` for the "
+              f"bundle to use it; `specc generate --k {best}` uses it now)")
+    elif args.recipe:
+        print(f"run again with --write to set speculation.k: {best} in {args.recipe}")
+    if args.json:
+        write_json(result, args.json)
+        print(f"written: {args.json}")
     return 0
 
 
@@ -216,7 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print completions and stats as JSON")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="speculative vs target-only on the same prompts, in one run")
+    p = sub.add_parser("bench", help="speculative vs target-only (and Hugging Face) on the same prompts, in one run",
+                       description="Every system runs the same prompt token ids, greedy, same max_new_tokens; systems "
+                                   "alternate within each repeat and the median repeat is reported; every output is "
+                                   "compared token for token with the reference. docs/benchmarks.md explains the method.")
     p.add_argument("bundle", type=Path, nargs="+", help="one or more bundles of the same target (the first gives the baseline)")
     _add_prompts(p)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -225,8 +253,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES to measure on tree bundles (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--compare", choices=["hf"], help="also run Hugging Face transformers on the same weights: generate "
+                   "(the reference), assisted generation with the bundle's draft model (default schedule and each k), "
+                   "prompt lookup (each k); batch 1")
+    p.add_argument("--json", type=Path, help="write the results here, with a Markdown report (.md) and a plot (.png) beside it")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune", help="measure draft, verify and decode costs and acceptance; pick speculation.k",
+                       description="Predicts the speed-up of each chain length k from measured costs and acceptance, "
+                                   "S(k) = (1 - a^(k+1)) / ((1 - a)(k c_d/c_t + c_v(k)/c_t)), picks the best k and "
+                                   "measures speculative vs target-only at a few k beside the prediction. "
+                                   "docs/benchmarks.md explains the method.")
+    p.add_argument("bundle", type=Path)
+    _add_prompts(p)
+    p.add_argument("--k-max", type=int, default=8, help="largest k to consider (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each measured check, alternated; the median is reported")
+    p.add_argument("--timing-prompts", type=int, default=4, help="prompts whose KV cache the engine calls are timed on")
+    p.add_argument("--check-k", type=int, action="append",
+                   help="k to measure beside the prediction (repeatable; default: 1, best-1, best, best+1, the recipe's)")
+    p.add_argument("--recipe", type=Path, help="the recipe the bundle was compiled from (checked against the bundle)")
+    p.add_argument("--write", action="store_true", help="set speculation.k in --recipe to the best k (comments kept)")
+    p.add_argument("--json", type=Path, help="write the measurements and predictions here")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest")
     p.add_argument("bundle", type=Path)

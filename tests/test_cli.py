@@ -65,7 +65,7 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["systems"]) == {"specc target-only", "bundle [model] chain k=2", "bundle [model] chain k=3"}
     for s in result["systems"].values():
-        assert s["outputs_equal_target_only"] == "2/2" and s["tokens_per_second"] > 0
+        assert s["outputs_equal"] == "2/2" and s["tokens_per_second"] > 0
 
 
 def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
@@ -130,5 +130,5 @@ def test_bench_compares_bundles_and_trees(bundles, tmp_path, capsys):
     assert names[0] == "specc target-only"
     assert any(n.startswith("draft [model] chain k=3") for n in names)
     assert {"tree_dynamic [model] tree depth 2 x 2, <= 4 nodes", "tree_dynamic [model] tree depth 3 x 2, <= 8 nodes"} <= set(names)
-    assert all(s["outputs_equal_target_only"] == "2/2" for s in result["systems"].values())
+    assert all(s["outputs_equal"] == "2/2" for s in result["systems"].values())
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--tree", "2,x"]) == 2

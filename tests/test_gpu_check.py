@@ -27,10 +27,9 @@ def test_dry_run_on_cpu_writes_the_report(tmp_path):
     assert "**Dry run on CPU**" in report and "## Failures\n\nnone" in report
     assert "| tensorrt " in report  # the doctor section lists the GPU backends
     assert "`pytest -m gpu tests/test_gpu_backends.py`" in report and "skipped" in report  # no GPU: every GPU test skips
-    assert "| tiny  | torch " in report and "chain k=4" in report
+    assert "| tiny  | torch " in report and "tiny-torch [model] chain k=4" in report
     results = json.loads((out / "bench-tiny-torch.json").read_text())
-    (spec,) = [s for name, s in results["systems"].items() if name.endswith("chain k=4")]
-    assert spec["outputs_equal_target_only"] == "2/2"
+    assert results["systems"]["tiny-torch [model] chain k=4"]["outputs_equal"] == "2/2"
 
 
 def test_cuda_mode_without_a_gpu_says_so(tmp_path):

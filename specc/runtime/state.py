@@ -17,6 +17,7 @@ class RowStats:
     rounds: int = 0  # target passes after prefill
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
 
@@ -24,6 +25,7 @@ class RowStats:
         self.rounds += 1
         self.drafted += n_draft
         self.accepted += n_acc
+        self.rejected += n_acc < n_draft
         width = max(n_draft, len(self.drafted_at))
         self.drafted_at += [0] * (width - len(self.drafted_at))
         self.accepted_at += [0] * (width - len(self.accepted_at))
@@ -35,6 +37,7 @@ class RowStats:
         self.rounds += other.rounds
         self.drafted += other.drafted
         self.accepted += other.accepted
+        self.rejected += other.rejected
         for _ in range(len(other.drafted_at) - len(self.drafted_at)):
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -48,6 +51,9 @@ class RowStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            # per-token acceptance alpha: of the drafts the target judged (each accepted one, and the first
+            # rejected one of a round), the fraction accepted; the geometric model's estimate of alpha
+            "per_token_acceptance": self.accepted / (self.accepted + self.rejected) if self.accepted + self.rejected else None,
             "accepted_per_round": self.accepted / self.rounds if self.rounds else None,
             "tokens_per_target_pass": (self.accepted + self.rounds) / self.rounds if self.rounds else None,
             "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],

@@ -1,0 +1,138 @@
+"""`specc bench --compare hf` end to end on tiny bundles, and how results report equality."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specc.bench import compare_tokens, load_bundles, summarise
+from specc.bench_hf import HFSystem
+from specc.bench_report import summary_table
+from specc.cli import main
+
+PROMPTS = ('{"prompt": "def f(x):\\n    return x + x", "kind": "code"}\n'
+           '{"prompt": "abc abc abc abc", "kind": "code"}\n'
+           '{"prompt": "hello there", "chat": true, "kind": "chat"}\n')
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(PROMPTS)
+    return path
+
+
+def _bench(bundle, prompts, out, *extra) -> dict:
+    assert main(["bench", str(bundle), "--prompts", str(prompts), "--max-new-tokens", "12", "--compare", "hf",
+                 "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_compare_hf_with_a_draft_model(bundles, prompts, tmp_path, capsys):
+    result = _bench(bundles["draft"], prompts, tmp_path / "out" / "bench.json", "--k", "2")
+    systems = result["systems"]
+    assert list(systems) == ["hf target-only", "hf assisted [draft] default", "hf assisted [draft] k=2",
+                             "hf prompt lookup k=2", "specc target-only", "draft [model] chain k=2"]
+    assert result["reference"] == "hf target-only" and result["skipped"] == []
+    for name, s in systems.items():  # every greedy output is the HF target's, token for token
+        assert s["equality"] == {"equal": 3, "prefix": 0, "differs": 0, "of": 3}, name
+        assert len(s["per_prompt"]) == 3 and all(p["tokens_per_second"] > 0 for p in s["per_prompt"])
+        assert s["tokens_per_second_by_kind"].keys() == {"code", "chat"}
+    reasons = [p["finish_reason"] for p in systems["hf target-only"]["per_prompt"]]
+    assert set(reasons) <= {"stop", "length"}
+    assert all([p["finish_reason"] for p in s["per_prompt"]] == reasons for s in systems.values())
+    assert systems["hf target-only"]["speedup_vs_reference"] == 1.0
+    constant = systems["hf assisted [draft] k=2"]
+    assert constant["settings"]["num_assistant_tokens"] == 2 and constant["settings"]["assistant_confidence_threshold"] == 0
+    assert constant["drafted"] > 0 and len(constant["acceptance_by_position"]) == 2  # recorded per round from transformers
+    assert 0 < constant["per_token_acceptance"] < 1
+    assert systems["hf assisted [draft] default"]["settings"]["num_assistant_tokens_schedule"] in ("constant", "heuristic")
+    best = max((n for n in systems if n.startswith("hf ") and n != "hf target-only"), key=lambda n: systems[n]["tokens_per_second"])
+    assert systems[best]["speedup_vs_best_hf_speculative"] == 1.0
+    md = (tmp_path / "out" / "bench.md").read_text()
+    assert all(name in md for name in systems) and "## Acceptance by draft position" in md and "bench.png" in md
+    png = tmp_path / "out" / "bench.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result["plot"] == str(png)
+    assert "vs best hf spec." in capsys.readouterr().out
+
+
+def test_compare_hf_with_prompt_lookup_skips_assisted(bundles, prompts, tmp_path, capsys):
+    result = _bench(bundles["prompt_lookup"], prompts, tmp_path / "pl.json")
+    assert list(result["systems"]) == ["hf target-only", "hf prompt lookup k=3", "specc target-only",
+                                       "prompt_lookup [prompt_lookup] chain k=3"]
+    lookup = result["systems"]["hf prompt lookup k=3"]
+    assert lookup["settings"]["max_matching_ngram_size"] == 2  # the bundle's draft.max_ngram
+    assert all(s["outputs_equal"] == "3/3" for s in result["systems"].values())
+    assert [s["system"] for s in result["skipped"]] == ["hf assisted"] and "no draft model" in result["skipped"][0]["reason"]
+    out = capsys.readouterr().out
+    assert "hf assisted (prompt_lookup)" in out and "skipped: draft.method prompt_lookup" in out
+    assert "skipped: draft.method prompt_lookup" in (tmp_path / "pl.md").read_text()
+
+
+def test_compare_hf_needs_batch_one(bundles, prompts, capsys):
+    assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--compare", "hf", "--batch-size", "2"]) == 2
+    assert "specc: error: --compare hf measures batch 1" in capsys.readouterr().err
+
+
+def test_bundles_of_one_target_share_its_engine(bundles):
+    draft, lookup, early_exit = load_bundles([bundles["draft"], bundles["prompt_lookup"], bundles["early_exit"]])
+    assert draft.target.runner is lookup.target.runner is early_exit.target.runner
+    assert draft.drafter.step.runner is not draft.target.runner
+    assert early_exit.drafter.step.runner is not draft.drafter.step.runner
+
+
+class _FixedModel:
+    """Stands in for a transformers model: generate returns the prompt and then fixed tokens."""
+
+    device = "cpu"
+
+    def __init__(self, new):
+        self.new = new
+
+    def generate(self, x, **kwargs):
+        return torch.cat([x, torch.tensor([self.new])], dim=1)
+
+
+def test_hf_output_ends_before_eos_like_specc():
+    system = HFSystem("hf target-only", _FixedModel([5, 6, 256, 7]), eos_ids=[256])
+    tokens, reason, seconds, stats = system.generate([1, 2, 3], max_new_tokens=4)
+    assert tokens == [5, 6] and reason == "stop" and seconds > 0 and stats.rounds == 0
+    assert HFSystem("x", _FixedModel([5, 6]), eos_ids=[256]).generate([1], 2)[:2] == ([5, 6], "length")
+
+
+def test_compare_tokens():
+    assert compare_tokens([1, 2, 3], [1, 2, 3]) == ("equal", None)
+    assert compare_tokens([1, 2], [1, 2, 3]) == ("prefix", 2)
+    assert compare_tokens([1, 9, 3], [1, 2, 3]) == ("differs", 1)
+
+
+class _Fake:
+    def __init__(self, name, family, speculative):
+        self.name, self.family, self.speculative, self.settings = name, family, speculative, {}
+
+
+def _run(tokens, seconds):
+    per_prompt = [{"prompt": i, "new_tokens": len(t), "seconds": seconds, "tokens_per_second": len(t) / seconds}
+                  for i, t in enumerate(tokens)]
+    n = sum(len(t) for t in tokens)
+    summary = {"tokens_per_second": n / (seconds * len(tokens)), "acceptance_rate": None, "per_token_acceptance": None,
+               "tokens_per_target_pass": None, "prefill_seconds": None, "draft_seconds": None, "target_seconds": None,
+               "host_seconds": None}
+    return {"summary": summary, "tokens": tokens, "per_prompt": per_prompt}
+
+
+def test_a_different_output_is_counted_and_shown():
+    systems = [_Fake("ref", "hf", False), _Fake("ok", "specc", True), _Fake("bad", "specc", True)]
+    ref = [[1, 2, 3], [4, 5, 6]]
+    runs = {"ref": [_run(ref, 1.0)], "ok": [_run(ref, 0.5)], "bad": [_run([[1, 2, 3], [4, 7, 6]], 0.5), _run([[1, 2, 3], [4, 5]], 0.6),
+                                                                     _run([[1, 2, 3], [4, 7, 6]], 0.4)]}
+    items = [{"kind": "code"}, {"kind": "chat"}]
+    out = summarise(systems, runs, items)
+    assert out["ok"]["equality"] == {"equal": 2, "prefix": 0, "differs": 0, "of": 2} and out["ok"]["speedup_vs_reference"] == 2.0
+    assert out["bad"]["equality"]["differs"] == 1 and out["bad"]["outputs_equal"] == "1/2"  # the median repeat
+    assert out["bad"]["per_prompt"][1]["first_difference"] == 1
+    assert out["bad"]["per_prompt"][1]["tokens"] == [4, 7, 6] and out["bad"]["per_prompt"][1]["reference_tokens"] == [4, 5, 6]
+    results = {"reference": "ref", "compare": "hf", "systems": out, "skipped": []}
+    table = summary_table(results)
+    assert "OUTPUT DIFFERS on 1 prompt(s), first at token 1" in table

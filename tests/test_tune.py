@@ -1,0 +1,93 @@
+"""`specc tune`: the speed-up model, measured costs on a tiny bundle, and editing the recipe's k."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from specc.cli import main
+from specc.errors import SpeccError
+from specc.tune import Costs, _edit_k, expected_tokens, predicted_speedup, set_speculation_k
+
+PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
+
+
+def test_speedup_model():
+    costs = Costs(target_step=1.0, verify={1: 1.0, 2: 1.5}, draft_step=0.1, lookup=None)
+    assert expected_tokens(0.0, 3) == 1.0 and expected_tokens(1.0, 3) == 4.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert predicted_speedup(0.5, 2, costs) == pytest.approx(1.75 / (0.2 + 1.5))
+    assert predicted_speedup(1.0, 1, costs) == pytest.approx(2 / 1.1)
+    lookup = Costs(target_step=1.0, verify={2: 1.5}, draft_step=None, lookup=0.01)
+    # half the rounds find no continuation: those are plain decode steps
+    assert predicted_speedup(0.5, 2, lookup, hit_rate=0.5) == pytest.approx((0.5 * 1.75 + 0.5) / (0.01 + 0.75 + 0.5))
+
+
+def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPTS)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"# my recipe\ntarget: {{model: {models_dir / 'target'}}}\n"
+                      f"draft: {{method: model, model: {models_dir / 'draft'}}}   # the 2-layer draft\n"
+                      "speculation:\n  mode: chain\n  k: 3   # draft tokens per round\n")
+    out = tmp_path / "tune.json"
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--k-max", "4", "--max-new-tokens", "12",
+                 "--repeats", "1", "--timing-prompts", "2", "--recipe", str(recipe), "--write", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    best = result["best_k"]
+    assert 1 <= best <= 4 and set(result["predicted_speedup"]) == {"1", "2", "3", "4"}
+    assert result["predicted_speedup"][str(best)] == max(result["predicted_speedup"].values())
+    costs = result["costs"]
+    assert costs["target_step"] > 0 and costs["draft_step"] > 0 and set(costs["verify"]) == {"1", "2", "3", "4"}
+    assert 0 < result["alpha"] < 1  # a partly agreeing draft
+    assert str(best) in result["measured"] and "3" in result["measured"]  # the best k and the recipe's, measured
+    for m in result["measured"].values():
+        assert m["speedup"] > 0 and m["tokens_per_target_pass"] >= 1
+    printed = capsys.readouterr().out
+    assert "speed-up pred." in printed and f"speculation.k 3 -> {best}" in printed
+    text = recipe.read_text()
+    assert "# my recipe" in text and "# the 2-layer draft" in text and "# draft tokens per round" in text
+    assert yaml.safe_load(text)["speculation"] == {"mode": "chain", "k": best}
+
+
+def test_tune_prompt_lookup_uses_the_lookup_cost_and_hit_rate(bundles):
+    import specc
+    from specc.tune import run_tune
+
+    items = [{"prompt": "abc abc abc abc abc", "chat": False, "kind": ""}, {"prompt": "x = 1\nx = 1\nx =", "chat": False, "kind": ""}]
+    result = run_tune(specc.load(bundles["prompt_lookup"]), items, k_max=3, max_new_tokens=8, repeats=1, timing_prompts=1)
+    costs = result["costs"]
+    assert costs["draft_step"] is None and 0 <= costs["lookup"] < costs["target_step"]
+    assert 0 < result["lookup_hit_rate"] <= 1 and result["best_k"] in (1, 2, 3)
+
+
+def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPTS)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target: {{model: {models_dir / 'target'}}}\ndraft: {{method: prompt_lookup}}\n")
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--recipe", str(recipe), "--write"]) == 2
+    assert "the bundle was compiled from" in capsys.readouterr().err
+    assert main(["tune", str(bundles["tree_static"]), "--prompts", str(prompts)]) == 2
+    assert "speculation.mode tree" in capsys.readouterr().err
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--write"]) == 2
+
+
+@pytest.mark.parametrize("before, after", [
+    ("speculation:\n  mode: chain\n  k: 3  # per round\nbackend: torch\n", "speculation:\n  mode: chain\n  k: 6  # per round\nbackend: torch\n"),
+    ("speculation: {mode: chain, k: 4}  # flow\n", "speculation: {mode: chain, k: 6}  # flow\n"),
+    ("speculation: {mode: chain}\n", "speculation: {mode: chain, k: 6}\n"),
+    ("speculation:\n    mode: chain\n# note\nbackend: torch\n", "speculation:\n    k: 6\n    mode: chain\n# note\nbackend: torch\n"),
+    ("backend: torch\n", "backend: torch\nspeculation:\n  k: 6\n"),
+])
+def test_edit_k_keeps_layout(before, after):
+    assert _edit_k("target: {model: m}\n" + before, 6) == "target: {model: m}\n" + after
+
+
+def test_set_speculation_k_validates(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("target: {model: m}\ndraft: {method: prompt_lookup}\nspeculation: {k: 2}\n")
+    assert set_speculation_k(recipe, 5) == 2 and yaml.safe_load(recipe.read_text())["speculation"]["k"] == 5
+    with pytest.raises(SpeccError, match="above the maximum 16"):
+        set_speculation_k(recipe, 17)

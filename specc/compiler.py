@@ -74,6 +74,10 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                    progress: bool = True) -> Path:
     """Build the bundle a recipe describes; returns its path. Nothing is written on failure."""
     backend = get_backend(recipe.backend)
+    if not progress:  # transformers draws its own bars while loading weights
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     method = recipe.draft.method
     draft_graph = method in ("model", "quantized", "early_exit")
     n_stages = 6 + (method == "model") + (2 if draft_graph else 0)

@@ -91,8 +91,14 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
 
     folded = src.with_name("folded.onnx")
     onnx.save(model, str(folded), save_as_external_data=True, location=folded.name + ".data")
-    quantize_dynamic(str(folded), str(dst), weight_type=QuantType.QInt8, per_channel=False,
-                     op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=True)
+    root = logging.getLogger()  # the quantiser logs a pre-processing tip on the root logger
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(folded), str(dst), weight_type=QuantType.QInt8, per_channel=False,
+                         op_types_to_quantize=["MatMul", "Gemm"], use_external_data_format=True)
+    finally:
+        root.setLevel(level)
     for path in (folded, folded.with_name(folded.name + ".data")):
         path.unlink()
 

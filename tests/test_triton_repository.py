@@ -105,13 +105,13 @@ def onnx_signature(path: Path) -> dict[str, tuple[str, list[int]]]:
 
 def test_split_layout_python_engines_serve_any_backend(bundles, tmp_path):
     repo = tmp_path / "repo"
-    write_repository(bundles["self"], repo, layout="split", engines="python")  # a torch bundle
+    write_repository(bundles["wrong"], repo, layout="split", engines="python")  # a torch bundle
     found = configs(repo)
-    assert list(found) == ["self", "self_draft", "self_target"]
+    assert list(found) == ["wrong", "wrong_draft", "wrong_target"]
     for role in ("target", "draft"):
-        c = found[f"self_{role}"]
+        c = found[f"wrong_{role}"]
         assert c.backend == "python" and not c.platform and c.parameters["role"].string_value == role
-        files = sorted(p.relative_to(repo / f"self_{role}" / "1").as_posix() for p in (repo / f"self_{role}" / "1").rglob("*") if p.is_file())
+        files = sorted(p.relative_to(repo / f"wrong_{role}" / "1").as_posix() for p in (repo / f"wrong_{role}" / "1").rglob("*") if p.is_file())
         assert "model.py" in files and "bundle/manifest.json" in files
         assert all(f in ("model.py", "bundle/manifest.json") or f.startswith(f"bundle/{role}/") for f in files)
 
@@ -176,7 +176,7 @@ def test_cli_writes_and_protects_repositories(bundles, tmp_path, capsys):
 ])
 def test_cli_errors(bundles, tmp_path, capsys, args, message):
     (tmp_path / "file").write_text("x")
-    paths = {"missing": tmp_path / "nope", "torch": bundles["self"], "ort": bundles["draft"], "repo": tmp_path / "repo",
+    paths = {"missing": tmp_path / "nope", "torch": bundles["wrong"], "ort": bundles["draft"], "repo": tmp_path / "repo",
              "file": tmp_path / "file"}
     assert main(["triton"] + [a.format(**paths) for a in args]) == 2
     err = capsys.readouterr().err

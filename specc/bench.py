@@ -118,8 +118,8 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
             variants = [(label, {}, {"tree": model.tree.label} if model.tree else {"k": model.k})]
         for label, kw, shape in variants:
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest["backend"],
-                        "draft_method": model.draft_method, **shape}
-            systems.append(SpeccSystem(f"{name} [{model.draft_method}] {label}", model,
+                        "draft_method": model.draft_label, **shape}
+            systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
                                        {"speculative": True, **common, **kw}, batch_size, settings))
     return systems
 

@@ -48,8 +48,10 @@ class DraftSpec:
     quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8", "int4"))
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
-    max_ngram: int = _f(3, "method: prompt_lookup — longest n-gram matched against the context", lo=1, hi=16)
-    min_ngram: int = _f(1, "method: prompt_lookup — shortest n-gram tried before giving up", lo=1, hi=16)
+    lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
+                             "row finds an n-gram continuation; the model drafts the other rounds")
+    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=16)
+    min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=16)
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,11 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":
         raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
+    if d.lookup and d.method not in ("model", "quantized", "early_exit"):
+        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
+                          f"early_exit), not {d.method!r}")
+    if d.lookup and r.speculation.mode != "chain":
+        raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
     if d.min_ngram > d.max_ngram:
         raise RecipeError("draft.min_ngram", f"{d.min_ngram} is above draft.max_ngram ({d.max_ngram})")
     if r.device == "cuda" and r.backend == "onnxruntime":

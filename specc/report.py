@@ -39,6 +39,10 @@ def format_run_stats(stats: dict, speculative: bool) -> str:
             ["tokens per target pass", stats["tokens_per_target_pass"]],
             ["acceptance by position", " ".join(f"{a:.2f}" for a in stats["acceptance_by_position"] if a is not None)],
         ]
+        if stats["lookup_rounds"]:
+            rows.append(["prompt-lookup rounds (acceptance)",
+                         f"{stats['lookup_rounds']} of {stats['rounds']} ({stats['lookup_acceptance_rate']:.2f}; "
+                         f"model rounds {_fmt(stats['model_acceptance_rate'])})"])
     return table(["stat", "value"], rows, "ll")
 
 
@@ -49,7 +53,9 @@ def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
         f"format      {manifest['format']} v{manifest['format_version']}, specc {manifest['specc_version']}",
         f"backend     {manifest['backend']} on {recipe['device']}, precision {recipe['precision']}",
         f"target      {manifest['models']['target']}",
-        f"draft       {manifest['draft']['method']}" + (f" ({manifest['models']['draft']})" if manifest["models"].get("draft") else ""),
+        f"draft       {manifest['draft']['method']}" + (f" ({manifest['models']['draft']})" if manifest["models"].get("draft") else "")
+        + (f", prompt lookup first (n-grams {recipe['draft']['min_ngram']}..{recipe['draft']['max_ngram']})"
+           if recipe["draft"].get("lookup") else ""),
         f"speculation {recipe['speculation']['mode']}, k={recipe['speculation']['k']}",
         f"limits      max_batch {recipe['limits']['max_batch']}, max_context {recipe['limits']['max_context']}",
         "versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),

@@ -38,7 +38,8 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
     'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
-    (chain and tree) and prompt lookup; 'wrong' runs on the torch backend."""
+    (chain and tree), prompt lookup, and prompt lookup in front of the draft model ('lookup_first');
+    'wrong' runs on the torch backend."""
     root = tmp_path_factory.mktemp("bundles")
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
@@ -59,6 +60,7 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
         "early_exit_tree": build_bundle(root / "early_exit_tree", t, {"method": "early_exit", "layer": 1},
                                         speculation=dynamic),
         "prompt_lookup": build_bundle(root / "prompt_lookup", t, {"method": "prompt_lookup", "max_ngram": 2}),
+        "lookup_first": build_bundle(root / "lookup_first", t, {**draft, "lookup": True, "min_ngram": 2}),
         "verify_head": build_bundle(root / "verify_head", t, draft, speculation={"k": 3, "verify_head": True}),
     }
 

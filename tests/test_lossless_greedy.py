@@ -43,7 +43,7 @@ def test_real_draft_matches_target_only(bundles, prompts, batch, k):
 
 @pytest.mark.parametrize("name, batch", [("tree_dynamic", 1), ("tree_dynamic", 4), ("tree_static", 4),
                                          ("early_exit", 1), ("early_exit", 4), ("early_exit_tree", 4),
-                                         ("prompt_lookup", 4)])
+                                         ("prompt_lookup", 4), ("lookup_first", 1), ("lookup_first", 3)])
 def test_other_drafters_match_target_only(bundles, prompts, name, batch):
     model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, batch)
@@ -66,6 +66,28 @@ def test_draft_equal_to_target_accepts_everything(bundles, prompts, name):
     bad, stats = _mismatches(model, prompts, 4, k=4)
     assert bad == []
     assert stats["acceptance_rate"] == 1.0
+
+
+def test_lookup_first_uses_both_drafters(bundles, prompts):
+    """draft.lookup: lookup drafts the rounds where it finds a continuation, the model the others."""
+    model = specc.load(bundles["lookup_first"])
+    _, stats = _mismatches(model, prompts, 1)
+    assert 0 < stats["lookup_rounds"] < stats["rounds"]
+    assert stats["lookup_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch):
+    """Draft = target behind prompt lookup: every model round must accept all its drafts, which only
+    holds if the draft cache catches up on the tokens that lookup rounds committed."""
+    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+
+    model = specc.load(bundles["self"])
+    model.drafter = LookupFirstDrafter(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), model.drafter)
+    bad, stats = _mismatches(model, prompts, batch, k=3)
+    assert bad == []
+    assert 0 < stats["lookup_rounds"] < stats["rounds"] and stats["lookup_acceptance_rate"] < 1
+    assert stats["model_acceptance_rate"] == 1.0
 
 
 def test_rows_advance_by_different_amounts(bundles, prompts):

@@ -33,15 +33,19 @@ def small_vocab(tmp_path_factory):
                               backend="torch", speculation={"k": 2})
     lookup = build_bundle(root / "lookup", target, {"method": "prompt_lookup", "max_ngram": 1}, limits=limits,
                           backend="torch", speculation={"k": 2})
-    return target, {"chain": chain, "tree": tree, "early_exit": early_exit, "prompt_lookup": lookup}
+    lookup_first = build_bundle(root / "lookup_first", target, {"method": "model", "model": str(draft), "lookup": True,
+                                                                "max_ngram": 1}, limits=limits, backend="torch",
+                                speculation={"k": 2})
+    return target, {"chain": chain, "tree": tree, "early_exit": early_exit, "prompt_lookup": lookup,
+                    "lookup_first": lookup_first}
 
 
-def exact_marginals(target_dir, params: SamplingParams):
+def exact_marginals(target_dir, params: SamplingParams, prompt: list[int] = PROMPT):
     """P(t1), P(t2), P(t3) of the target with this processing, by enumerating contexts."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    prompt = torch.tensor(PROMPT)
+    prompt = torch.tensor(prompt)
 
     def probs(logits):
         rows = RowParams.of([params] * logits.shape[0])
@@ -58,16 +62,18 @@ def exact_marginals(target_dir, params: SamplingParams):
     return p1.numpy(), joint12.sum(0).numpy(), (joint12[..., None] * p3_given).sum((0, 1)).numpy()
 
 
-def draw(bundle, params: SamplingParams):
+def draw(bundle, params: SamplingParams, prompt: list[int] = PROMPT, batch: int = 512):
+    from specc.runtime.engine import RunStats
+
     model = specc.load(bundle)
-    out = []
-    for lo in range(0, N, 512):
-        done = model.generate([PROMPT] * 512, max_new_tokens=3, seed=list(range(lo, lo + 512)),
+    out, stats = [], RunStats()
+    for lo in range(0, N, batch):
+        done = model.generate([prompt] * batch, max_new_tokens=3, seed=list(range(lo, lo + batch)),
                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
         out += [c.token_ids for c in done]
+        stats.merge(model.last_stats)
     assert all(len(t) == 3 for t in out)
-    stats = model.last_stats.to_dict()
-    return np.array(out), stats
+    return np.array(out), stats.to_dict()
 
 
 PARAMS = [SamplingParams(1.0), SamplingParams(0.8, 6, 0.9)]
@@ -80,6 +86,20 @@ def test_sampled_output_has_target_distribution(small_vocab, params, mode):
     exact = exact_marginals(target, params)
     samples, stats = draw(bundles[mode], params)
     assert 0.01 < stats["acceptance_rate"] < 0.95, "drafts must be both accepted and rejected for this test to mean anything"
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
+def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
+    """draft.lookup mixes one-hot lookup rounds and model rounds (a round is a lookup round when every
+    row of the batch finds a continuation): a prompt holding most of the vocabulary and batches of
+    two make both kinds common."""
+    target, bundles = small_vocab
+    params, prompt = PARAMS[1], list(range(17)) + [3, 1, 4, 1, 5]
+    exact = exact_marginals(target, params, prompt)
+    samples, stats = draw(bundles["lookup_first"], params, prompt, batch=2)
+    assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8
+    assert 0 < stats["lookup_acceptance_rate"] < 0.95 and 0 < stats["model_acceptance_rate"] < 0.95
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 

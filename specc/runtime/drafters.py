@@ -193,9 +193,11 @@ class PromptLookupDrafter:
         pass
 
     def propose(self, batch: Batch, k: int, params: RowParams):
-        found = [self.lookup(s.tokens, k) for s in batch.seqs]
+        return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device)
+
+    def drafts(self, found: list[list[int]], params: RowParams, device: torch.device):
+        """Draft tokens [B, width], one-hot q (sampled rows) and n_draft from each row's lookup."""
         width = max(len(f) for f in found)
-        device = batch.cache.lengths.device
         draft = torch.zeros(len(found), width, dtype=torch.long, device=device)
         for b, f in enumerate(found):
             draft[b, : len(f)] = torch.tensor(f, dtype=torch.long)
@@ -213,3 +215,37 @@ class PromptLookupDrafter:
 
     def extend(self, batch: Batch, other: Batch) -> None:
         pass
+
+
+class LookupFirstDrafter:
+    """Prompt lookup first, the draft model where lookup finds nothing (recipe: draft.lookup).
+
+    A round whose every row finds an n-gram continuation drafts from the context alone and
+    skips the model; otherwise the model drafts for the whole batch. The choice depends only
+    on the context, never on this round's noise, and each round's q is the distribution its
+    drafts were drawn from, so acceptance stays exact. The model's cache catches up on the
+    tokens of lookup rounds in its next round (ModelDrafter feeds whatever its cache lacks).
+    """
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+        self.looked_up = False  # which drafter the last round used
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.model.prefill(batch, ids, lengths)
+
+    def propose(self, batch: Batch, k: int, params: RowParams):
+        found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
+        self.looked_up = all(found)
+        if self.looked_up:
+            return self.lookup.drafts(found, params, batch.cache.lengths.device)
+        return self.model.propose(batch, k, params)
+
+    def after_verify(self, batch: Batch) -> None:
+        self.model.after_verify(batch)
+
+    def keep_rows(self, batch: Batch, rows: torch.Tensor) -> None:
+        self.model.keep_rows(batch, rows)
+
+    def extend(self, batch: Batch, other: Batch) -> None:
+        self.model.extend(batch, other)

@@ -18,7 +18,7 @@ from ..backends import LowerOptions, Runner, get_backend
 from ..bundle import Bundle, open_bundle
 from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
-from .drafters import ModelDrafter, PromptLookupDrafter, SharedCacheDrafter
+from .drafters import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter, SharedCacheDrafter
 from .kv_cache import KVCache
 from .sampling import SamplingParams, accept, choose, probs_from_logits
 from .state import Batch, RowStats, Sequence
@@ -99,13 +99,16 @@ class SpecModel:
         self.target = self._load_graph("target")
         self.verify_head = "n_accepted" in self.bundle.graph("target")["outputs"]
         self.draft_method = m["draft"]["method"]
+        self.draft_label = self.draft_method + ("+lookup" if recipe["draft"].get("lookup") else "")
         self.drafter = None
+        lookup = PromptLookupDrafter(recipe["draft"]["max_ngram"], recipe["draft"]["min_ngram"], self.target.dims.vocab_size)
         if m["draft"].get("graph"):
             kind = SharedCacheDrafter if m["draft"].get("shares_target_cache") else ModelDrafter
             self.drafter = kind(self._load_graph(m["draft"]["graph"]), self.max_context)
+            if recipe["draft"].get("lookup"):
+                self.drafter = LookupFirstDrafter(lookup, self.drafter)
         elif self.draft_method == "prompt_lookup":
-            self.drafter = PromptLookupDrafter(recipe["draft"]["max_ngram"], recipe["draft"]["min_ngram"],
-                                               self.target.dims.vocab_size)
+            self.drafter = lookup
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(bundle.path / m["tokenizer"]["dir"])
@@ -225,7 +228,7 @@ class Scheduler:
             raise RequestError("give k (chain speculation) or tree, not both")
         if tree is not None and not model.target.has_tree_mask:
             raise RequestError("this bundle was compiled for chain speculation; trees need speculation.mode tree in the recipe")
-        if tree is not None and isinstance(model.drafter, PromptLookupDrafter):
+        if tree is not None and isinstance(model.drafter, (PromptLookupDrafter, LookupFirstDrafter)):
             raise RequestError("prompt-lookup drafting proposes chains, not trees")
         default_tree = model.tree if k is None else None
         self.tree = (tree or default_tree) if self.speculative else None
@@ -344,8 +347,9 @@ class Scheduler:
         cache.commit(new_k, new_v, n_acc + 1)
         self.model.drafter.after_verify(batch)
         out = []
+        looked_up = isinstance(self.model.drafter, LookupFirstDrafter) and self.model.drafter.looked_up
         for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
-            batch.seqs[b].stats.record(d, n)
+            batch.seqs[b].stats.record(d, n, looked_up)
             out.append(draft[b, :n].tolist() + [t])
         return out
 

@@ -18,11 +18,18 @@ class RowStats:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
+    lookup_rounds: int = 0  # rounds drafted by prompt lookup in front of a draft model (draft.lookup) ...
+    lookup_drafted: int = 0  # ... and their drafted and accepted tokens
+    lookup_accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
 
-    def record(self, n_draft: int, n_acc: int) -> None:
+    def record(self, n_draft: int, n_acc: int, looked_up: bool = False) -> None:
         self.rounds += 1
+        if looked_up:
+            self.lookup_rounds += 1
+            self.lookup_drafted += n_draft
+            self.lookup_accepted += n_acc
         self.drafted += n_draft
         self.accepted += n_acc
         self.rejected += n_acc < n_draft
@@ -38,6 +45,9 @@ class RowStats:
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.rejected += other.rejected
+        self.lookup_rounds += other.lookup_rounds
+        self.lookup_drafted += other.lookup_drafted
+        self.lookup_accepted += other.lookup_accepted
         for _ in range(len(other.drafted_at) - len(self.drafted_at)):
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -50,6 +60,10 @@ class RowStats:
             "rounds": self.rounds,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "lookup_rounds": self.lookup_rounds,
+            "lookup_acceptance_rate": self.lookup_accepted / self.lookup_drafted if self.lookup_drafted else None,
+            "model_acceptance_rate": ((self.accepted - self.lookup_accepted) / (self.drafted - self.lookup_drafted)
+                                      if self.lookup_rounds and self.drafted > self.lookup_drafted else None),
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             # per-token acceptance alpha: of the drafts the target judged (each accepted one, and the first
             # rejected one of a round), the fraction accepted; the geometric model's estimate of alpha

@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 
-# Compile the quickstart recipe (SmolLM2-135M + its int8 copy as draft, ONNX Runtime),
+# Compile the quickstart recipe (SmolLM2-135M drafted by prompt lookup, ONNX Runtime),
 # generate with speculation, and benchmark speculative vs target-only on the same prompts.
 demo: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[gguf]'

@@ -9,8 +9,11 @@ system (1): `hf target-only` with `--compare hf` (bench_hf.py), else `specc targ
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
 
 from .errors import SpeccError
 
@@ -191,13 +194,13 @@ def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
 
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
-              compare: str | None = None) -> dict:
+              compare: str | None = None, progress: bool = True) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
     optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
 
     All bundles must share one target model. compare="hf" adds the Hugging Face systems of
     bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
-    `hf target-only` the reference.
+    `hf target-only` the reference. progress: a bar on stderr, one step per system run.
     """
     from .bench_report import summary_table, write_outputs
 
@@ -221,9 +224,13 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)
     runs: dict[str, list] = {s.name: [] for s in systems}
-    for _ in range(repeats):
-        for s in systems:
-            runs[s.name].append(s.run(prompts, max_new_tokens))
+    with tqdm(total=repeats * len(systems), desc="bench", unit="system", file=sys.stderr,
+              disable=not progress) as bar:
+        for _ in range(repeats):
+            for s in systems:
+                bar.set_postfix_str(s.name)
+                runs[s.name].append(s.run(prompts, max_new_tokens))
+                bar.update()
     results = {
         "reference": systems[0].name, "compare": compare, "max_new_tokens": max_new_tokens, "prompts": len(items),
         "prompt_kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},

@@ -41,6 +41,24 @@ def test_greedy_speculation_equals_target_only(smollm_bundle):
         assert stats["acceptance_rate"] > 0.4, stats  # an int8 copy of the target agrees most of the time
 
 
+@pytest.mark.parametrize("drafting", ["prompt_lookup", "lookup_first"])
+def test_lookup_drafting_equals_target_only(smollm_bundle, drafting):
+    """The quickstart's prompt lookup, and lookup in front of the int8 copy (draft.lookup), on the real model."""
+    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+
+    model = specc.load(smollm_bundle, verify=False)
+    lookup = PromptLookupDrafter(3, 1, model.target.dims.vocab_size)
+    model.drafter = lookup if drafting == "prompt_lookup" else LookupFirstDrafter(lookup, model.drafter)
+    prompts = [p for p, chat in PROMPTS if not chat]
+    fast = model.generate(prompts, max_new_tokens=40)
+    stats = model.last_stats.to_dict()
+    slow = model.generate(prompts, max_new_tokens=40, speculative=False)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+    assert stats["accepted"] > 0
+    if drafting == "lookup_first":
+        assert 0 < stats["lookup_rounds"] < stats["rounds"]
+
+
 def test_target_only_equals_hugging_face(smollm_bundle):
     from transformers import AutoModelForCausalLM
 

@@ -78,7 +78,8 @@ def cmd_generate(args) -> int:
     if not (args.stream and len(items) == 1):
         for i in range(len(items)):
             print(f"--- [{i}] {items[i]['prompt'][:60]!r}\n{texts[i]}")
-    print(format_run_stats(stats, speculative=not args.no_speculation and model.can_speculate), file=sys.stderr)
+    speculative = not args.no_speculation and model.can_speculate
+    print(format_run_stats(stats, speculative, lookup_first=speculative and model.lookup_first), file=sys.stderr)
     return 0
 
 

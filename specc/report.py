@@ -24,7 +24,8 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def format_run_stats(stats: dict, speculative: bool) -> str:
+def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False) -> str:
+    """The stats table of `specc generate`; lookup_first adds the split between prompt-lookup and model rounds."""
     rows = [
         ["new tokens", stats["new_tokens"]],
         ["seconds", stats["seconds"]],
@@ -39,9 +40,9 @@ def format_run_stats(stats: dict, speculative: bool) -> str:
             ["tokens per target pass", stats["tokens_per_target_pass"]],
             ["acceptance by position", " ".join(f"{a:.2f}" for a in stats["acceptance_by_position"] if a is not None)],
         ]
-        if stats["lookup_rounds"]:
+        if lookup_first:
             rows.append(["prompt-lookup rounds (acceptance)",
-                         f"{stats['lookup_rounds']} of {stats['rounds']} ({stats['lookup_acceptance_rate']:.2f}; "
+                         f"{stats['lookup_rounds']} of {stats['rounds']} ({_fmt(stats['lookup_acceptance_rate'])}; "
                          f"model rounds {_fmt(stats['model_acceptance_rate'])})"])
     return table(["stat", "value"], rows, "ll")
 

@@ -137,7 +137,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
 def check_bundle(model) -> None:
     if not model.can_speculate:
         raise SpeccError(f"bundle {model.bundle.path} has no drafter (draft.method none): nothing to tune")
-    if model.bundle.recipe["draft"].get("lookup"):
+    if model.lookup_first:
         raise SpeccError("specc tune models one drafter; this bundle drafts by prompt lookup first, then its model "
                          "(draft.lookup): tune the same recipe without draft.lookup, or compare k with `specc bench --k`")
     if model.tree is not None:

@@ -39,6 +39,14 @@ def test_generate_prints_text_and_stats(cli_bundle, capsys):
     assert "acceptance rate" in err and "tokens/s" in err
 
 
+def test_generate_reports_lookup_rounds(bundles, capsys):
+    """A draft.lookup bundle: the stats table says how many rounds prompt lookup drafted."""
+    assert main(["generate", str(bundles["lookup_first"]), "--prompt", "abcabcabcabc", "--max-new-tokens", "16"]) == 0
+    assert "prompt-lookup rounds (acceptance)" in capsys.readouterr().err
+    assert main(["inspect", str(bundles["lookup_first"])]) == 0
+    assert "prompt lookup first (n-grams 2..3)" in capsys.readouterr().out
+
+
 def test_generate_json_speculative_equals_no_speculation(cli_bundle, capsys):
     args = ["generate", str(cli_bundle), "--prompt", "abc", "--prompt", "xyz=1", "--max-new-tokens", "16", "--json"]
     assert main(args) == 0

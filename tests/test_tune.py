@@ -71,6 +71,8 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     assert "the bundle was compiled from" in capsys.readouterr().err
     assert main(["tune", str(bundles["tree_static"]), "--prompts", str(prompts)]) == 2
     assert "speculation.mode tree" in capsys.readouterr().err
+    assert main(["tune", str(bundles["lookup_first"]), "--prompts", str(prompts)]) == 2
+    assert "draft.lookup" in capsys.readouterr().err
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--write"]) == 2
 
 

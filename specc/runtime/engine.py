@@ -99,7 +99,6 @@ class SpecModel:
         self.target = self._load_graph("target")
         self.verify_head = "n_accepted" in self.bundle.graph("target")["outputs"]
         self.draft_method = m["draft"]["method"]
-        self.draft_label = self.draft_method + ("+lookup" if recipe["draft"].get("lookup") else "")
         self.drafter = None
         lookup = PromptLookupDrafter(recipe["draft"]["max_ngram"], recipe["draft"]["min_ngram"], self.target.dims.vocab_size)
         if m["draft"].get("graph"):
@@ -124,6 +123,16 @@ class SpecModel:
     @property
     def can_speculate(self) -> bool:
         return self.drafter is not None
+
+    @property
+    def lookup_first(self) -> bool:
+        """Prompt lookup drafts first, the draft model where it finds nothing (recipe draft.lookup)."""
+        return isinstance(self.drafter, LookupFirstDrafter)
+
+    @property
+    def draft_label(self) -> str:
+        """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter."""
+        return self.draft_method + ("+lookup" if self.lookup_first else "")
 
     # -- public API -------------------------------------------------------------------
     def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **kwargs) -> list[Completion]:
@@ -347,7 +356,7 @@ class Scheduler:
         cache.commit(new_k, new_v, n_acc + 1)
         self.model.drafter.after_verify(batch)
         out = []
-        looked_up = isinstance(self.model.drafter, LookupFirstDrafter) and self.model.drafter.looked_up
+        looked_up = self.model.lookup_first and self.model.drafter.looked_up
         for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
             batch.seqs[b].stats.record(d, n, looked_up)
             out.append(draft[b, :n].tolist() + [t])

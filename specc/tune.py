@@ -55,12 +55,19 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def round_tokens(alpha: float, k: int, hit_rate: float = 1.0) -> float:
+    """Mean tokens per target pass; a round without a draft (prompt lookup found nothing) yields 1."""
+    return hit_rate * expected_tokens(alpha, k) + (1 - hit_rate)
+
+
+def round_cost(k: int, costs: Costs, hit_rate: float = 1.0) -> float:
+    """Mean cost of a round in units of c_t: drafting, then a verify pass or (no draft) a decode step."""
+    return (costs.draft_round(k) + hit_rate * costs.verify[k] + (1 - hit_rate) * costs.target_step) / costs.target_step
+
+
 def predicted_speedup(alpha: float, k: int, costs: Costs, hit_rate: float = 1.0) -> float:
     """S(k) of the module docstring; hit_rate < 1 only for prompt lookup."""
-    c_t = costs.target_step
-    tokens = hit_rate * expected_tokens(alpha, k) + (1 - hit_rate)
-    cost = costs.draft_round(k) + hit_rate * costs.verify[k] + (1 - hit_rate) * c_t
-    return tokens / (cost / c_t)
+    return round_tokens(alpha, k, hit_rate) / round_cost(k, costs, hit_rate)
 
 
 def _timed(fn, samples: list[float], keep: bool = True) -> None:
@@ -195,7 +202,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
                   "lookup": costs.lookup},
         "alpha": alpha, "alpha_measured_at_k": k_max, "lookup_hit_rate": hit_rate if costs.lookup is not None else None,
         "target_only_tokens_per_second": base["tokens_per_second"],
-        "predicted_speedup": predictions, "expected_tokens_per_round": {k: expected_tokens(alpha, k) for k in predictions},
+        "predicted_speedup": predictions,
+        "expected_tokens_per_round": {k: round_tokens(alpha, k, hit_rate) for k in predictions},
+        "expected_cost_per_round": {k: round_cost(k, costs, hit_rate) for k in predictions},
         "best_k": best, "measured": measured,
     }
 
@@ -219,7 +228,8 @@ def format_tune(result: dict) -> str:
         engine = m.get("engine_seconds_per_round")
         host = m.get("host_seconds_per_round")
         rows.append([("* " if k == result["best_k"] else "") + str(k), c["verify"][k] / c_t, draft,
-                     result["expected_tokens_per_round"][k], m.get("tokens_per_target_pass"), draft + c["verify"][k] / c_t,
+                     result["expected_tokens_per_round"][k], m.get("tokens_per_target_pass"),
+                     result["expected_cost_per_round"][k],
                      engine / c_t if engine is not None else None, host * 1e3 if host is not None else None, pred,
                      m.get("speedup")])
     lines.append(table(["k", "c_v(k)/c_t", "draft/c_t", "tokens/round pred.", "meas.", "cost/round pred. (c_t)", "meas.",

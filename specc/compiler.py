@@ -73,10 +73,11 @@ def _compare(graph: StepGraph, runner, options: LowerOptions) -> dict:
 def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs: str | Path | None = None,
                    progress: bool = True) -> Path:
     """Build the bundle a recipe describes; returns its path. Nothing is written on failure."""
-    backend = get_backend(recipe.backend)
-    if not progress:  # transformers draws its own bars while loading weights
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
+    backend = get_backend(recipe.backend)
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
     method = recipe.draft.method
     draft_graph = method in ("model", "quantized", "early_exit")
@@ -148,6 +149,8 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         raise
     finally:
         stages.close()
+        if hf_bars:
+            hf_logging.enable_progress_bar()
     return path
 
 

@@ -90,12 +90,15 @@ def test_sampled_output_has_target_distribution(small_vocab, params, mode):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
 
+LOOKUP_PROMPT = list(range(17)) + [3, 1, 4, 1, 5]
+
+
 def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
     """draft.lookup mixes one-hot lookup rounds and model rounds (a round is a lookup round when every
     row of the batch finds a continuation): a prompt holding most of the vocabulary and batches of
     two make both kinds common."""
     target, bundles = small_vocab
-    params, prompt = PARAMS[1], list(range(17)) + [3, 1, 4, 1, 5]
+    params, prompt = PARAMS[1], LOOKUP_PROMPT
     exact = exact_marginals(target, params, prompt)
     samples, stats = draw(bundles["lookup_first"], params, prompt, batch=2)
     assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8
@@ -127,5 +130,25 @@ def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch, mode):
     params = PARAMS[0]
     exact = exact_marginals(target, params)
     samples, _ = draw(bundles[mode], params)
+    assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
+    assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+def test_lookup_first_with_the_wrong_q_is_caught(small_vocab, monkeypatch):
+    """Lookup rounds that report a uniform q instead of the one-hot q of their drafts break the
+    distribution; the check above must see it."""
+    from specc.runtime.drafters import PromptLookupDrafter
+
+    one_hot = PromptLookupDrafter.drafts
+
+    def uniform_q(self, found, params, device):
+        draft, q, n_draft = one_hot(self, found, params, device)
+        return draft, None if q is None else torch.full_like(q, 1.0 / q.shape[-1]), n_draft
+
+    monkeypatch.setattr(PromptLookupDrafter, "drafts", uniform_q)
+    target, bundles = small_vocab
+    params = PARAMS[1]
+    exact = exact_marginals(target, params, LOOKUP_PROMPT)
+    samples, _ = draw(bundles["lookup_first"], params, LOOKUP_PROMPT, batch=2)
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P

@@ -32,6 +32,7 @@ class Runner(Protocol):
 
 class Backend(Protocol):
     name: str
+    runs_bundle_code: str | None  # how loading runs code stored in the bundle (needs trust_code), or None
 
     def availability(self) -> tuple[bool, str]:
         """Whether this machine can lower and run the backend, and the versions or the reason."""

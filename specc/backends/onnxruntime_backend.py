@@ -23,6 +23,7 @@ def _cpu_threads() -> int:
 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
+    runs_bundle_code = None  # ONNX graphs are data; ONNX Runtime loads no custom-op libraries from a bundle
 
     def availability(self) -> tuple[bool, str]:
         try:

@@ -38,7 +38,7 @@ class TreeShape:
         if paths is None:
             return cls(None, tree["depth"], tree["branching"], tree["max_nodes"])
         if not isinstance(paths, list) or not paths or not all(
-            isinstance(p, list) and p and all(isinstance(i, int) and 0 <= i < 64 for i in p) for p in paths
+            isinstance(p, list) and p and all(type(i) is int and 0 <= i < 64 for i in p) for p in paths
         ):
             raise RecipeError("speculation.tree.paths", "must be a non-empty list of non-empty lists of child indices 0..63, e.g. [[0], [1], [0, 0]]")
         norm = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))

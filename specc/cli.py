@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpeccError as exc:
         print(f"specc: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
+        sys.stderr.close()
+        return 0
     except OSError as exc:  # a path the user gave that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"specc: error: {where}{exc.strerror or exc}", file=sys.stderr)

@@ -89,7 +89,10 @@ def write_repository(bundle: str | Path, repo: str | Path, name: str | None = No
         raise RepositoryError(f"{repo} exists and is not empty; pass --force to write into it "
                               "(model directories of the same names are replaced, other models are kept)")
     plans = _plan(source.path, source.manifest, name, layout, engines, default_max_tokens, trust_code)
-    _write(repo, plans, header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
+    try:
+        _write(repo, plans, header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
+    except (OSError, ValueError) as exc:
+        raise RepositoryError(f"cannot write the repository {repo}: {getattr(exc, 'strerror', None) or exc}") from None
     return plans
 
 

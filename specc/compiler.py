@@ -77,6 +77,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
 
     backend = get_backend(recipe.backend)
     check_model_fits(recipe)
+    writer = BundleWriter(Path(output or recipe.output))
     hf_bars = hf_logging.is_progress_bar_enabled()
     if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
@@ -84,7 +85,6 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     draft_graph = method in ("model", "quantized", "early_exit")
     n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
     stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
-    writer = BundleWriter(Path(output or recipe.output))
     ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)
     base_options = LowerOptions(precision=recipe.precision, device=recipe.device, tensorrt=recipe.tensorrt)
     try:

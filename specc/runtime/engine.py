@@ -497,8 +497,8 @@ def open_runner(bundle: Bundle, role: str) -> Runner:
     The bundle's files were checked by `open_bundle`; a loader that still fails (a file corrupted
     under --no-verify, an engine this machine cannot run) is a BundleError naming the graph."""
     m = bundle.manifest
+    check_code_trust(bundle, get_backend(m.backend, check=False).runs_bundle_code)
     backend = get_backend(m.backend)
-    check_code_trust(bundle, backend.runs_bundle_code)
     backend.check_versions(m.versions)
     entry = bundle.graph(role)
     options = LowerOptions(m.recipe.precision, m.recipe.device, entry.quantize)

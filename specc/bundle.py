@@ -163,6 +163,10 @@ class TensorSig:
 
 
 DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "bool")
+# The step-graph ABI (capture/step_decoder.py, passes): inputs in this order, then optional extras; one output set.
+STEP_INPUTS = ("input_ids", "position_ids", "cache_len", "logit_index", "k_cache", "v_cache")
+EXTRA_INPUTS = ("tree_mask", "draft_tokens", "draft_probs", "n_draft", "temperature", "top_k", "top_p", "u_accept", "u_next")
+STEP_OUTPUTS = (("logits", "new_k", "new_v"), ("n_accepted", "next_token", "new_k", "new_v"))
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -216,11 +220,14 @@ class GraphEntry:
             if dtype not in DTYPES:
                 raise ir.fail("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
             inputs.append(TensorSig(ir.str("name"), dtype, list(shape)))
-        if not inputs:
-            raise r.fail("inputs", "empty; a step graph has inputs")
+        names = [i.name for i in inputs]
+        if (tuple(names[:len(STEP_INPUTS)]) != STEP_INPUTS or len(set(names)) != len(names)
+                or not set(names[len(STEP_INPUTS):]) <= set(EXTRA_INPUTS)):
+            raise r.fail("inputs", f"{names} is not the step-graph ABI: {', '.join(STEP_INPUTS)}, then any of "
+                                   f"{', '.join(EXTRA_INPUTS)}, each once")
         outputs = r.str_list("outputs")
-        if not outputs:
-            raise r.fail("outputs", "empty; a step graph has outputs")
+        if tuple(outputs) not in STEP_OUTPUTS:
+            raise r.fail("outputs", f"{outputs} is not the step-graph ABI: {' or '.join(map(str, map(list, STEP_OUTPUTS)))}")
         rr = r.obj("ranges")
         ranges = {}
         for name, value in rr.data.items():

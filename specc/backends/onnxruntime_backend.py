@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from .base import LowerOptions, require_version
+from .base import LowerOptions, check_engine_matches, require_version
 from .onnx_export import export_onnx, opset_of
 
 FILE = "model.onnx"
@@ -66,6 +66,10 @@ class OnnxRuntimeBackend:
         # Draft and target sessions alternate: spinning pool threads of one would steal the cores of the other.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
+        inputs = session.get_inputs()
+        kv = next((i.shape for i in inputs if i.name == "k_cache"), [])
+        check_engine_matches(entry, [i.name for i in inputs], [o.name for o in session.get_outputs()], kv,
+                             f"ONNX graph {graph_dir.name}/{entry['entry']}")
         return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
 
 

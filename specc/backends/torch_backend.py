@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import BundleError
-from .base import LowerOptions, require_version
+from .base import LowerOptions, check_engine_matches, require_version
 from .torch_program import PROGRAM, WEIGHTS, load_program, save_program
 
 
@@ -34,7 +34,14 @@ class TorchBackend:
         if entry["entry"] != PROGRAM or sorted(entry["files"]) != sorted([PROGRAM, WEIGHTS]):
             raise BundleError(f"torch graph {graph_dir.name}: expected files {PROGRAM} and {WEIGHTS} (entry {PROGRAM}), "
                               f"got {entry['files']} (entry {entry['entry']}); specc loads no .pt2 archives for this backend")
-        module = load_program(graph_dir).module()
+        program = load_program(graph_dir)
+        signature = program.graph_signature
+        names = list(signature.user_inputs)
+        kv = next((n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder" and n.name == "k_cache"), None)
+        kv_shape = [d if isinstance(d, int) else None for d in kv.shape] if kv is not None else []
+        outputs = list(entry["outputs"]) if len(signature.user_outputs) == len(entry["outputs"]) else []
+        check_engine_matches(entry, names, outputs, kv_shape, f"torch graph {graph_dir.name}/{PROGRAM}")
+        module = program.module()
         device = torch.device(options.device)
         if device.type != "cpu":
             module = module.to(device)

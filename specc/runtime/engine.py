@@ -502,14 +502,35 @@ def open_runner(bundle: Bundle, role: str) -> Runner:
     backend.check_versions(m.versions)
     entry = bundle.graph(role)
     options = LowerOptions(m.recipe.precision, m.recipe.device, entry.quantize)
+    where = f"the {role} graph of bundle {bundle.path} ({m.backend}, {entry.dir}/{entry.entry})"
     try:
-        return backend.load(bundle.path / entry.dir, entry.to_dict(), options)
+        return CheckedRunner(backend.load(bundle.path / entry.dir, entry.to_dict(), options), where)
     except SpeccError:
         raise
     except Exception as exc:  # loaders raise their own types for unreadable engine files
-        raise BundleError(f"the {role} graph of bundle {bundle.path} ({m.backend}, {entry.dir}/{entry.entry}) could not "
-                          f"be loaded: {type(exc).__name__}: {str(exc)[:300]}. If it was opened with --no-verify, "
-                          "a file may be corrupt: open it with verification") from None
+        raise BundleError(f"{where} could not be loaded: {type(exc).__name__}: {str(exc)[:300]}. If it was opened "
+                          "with --no-verify, a file may be corrupt: open it with verification") from None
+
+
+class CheckedRunner:
+    """A backend's runner whose failures are BundleErrors: an engine that rejects the inputs its
+    manifest declares (a manifest that does not describe its engine) is a bad bundle, not a crash."""
+
+    def __init__(self, runner: Runner, where: str):
+        self.runner, self.where = runner, where
+        self.output_names = runner.output_names
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        try:
+            outputs = self.runner(*inputs)
+        except SpeccError:
+            raise
+        except Exception as exc:  # the engine's own error types (onnxruntime, torch, TensorRT)
+            raise BundleError(f"{self.where} failed on the inputs its manifest declares: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}") from None
+        if len(outputs) != len(self.output_names):
+            raise BundleError(f"{self.where} returned {len(outputs)} outputs; its manifest declares {self.output_names}")
+        return outputs
 
 
 def load_tokenizer(bundle: Bundle):

@@ -226,6 +226,19 @@ def t_modified_file(b, m, tmp):
     (b / "target" / "model.onnx").write_bytes(bytes(data))
 
 
+def t_onnx_external_data_outside(b, m, tmp):
+    import onnx
+
+    shutil.copy(b / "target" / "model.onnx.data", tmp / "outside.data")
+    graph = onnx.load(str(b / "target" / "model.onnx"), load_external_data=False)
+    for tensor in graph.graph.initializer:
+        for e in tensor.external_data:
+            if e.key == "location":
+                e.value = "../../outside.data"
+    onnx.save(graph, str(b / "target" / "model.onnx"))
+    rehash(m, b, "target/model.onnx")
+
+
 def t_backend_switched(b, m, tmp):
     m["backend"] = "torch"
 
@@ -331,6 +344,7 @@ TAMPERS = {
     t_fifo: "target/pipe: not a regular file",
     t_manifest_symlink: "not a regular file",
     t_modified_file: "target/model.onnx: sha256 differs",
+    t_onnx_external_data_outside: "reads external data from ['../../outside.data']",
     t_backend_switched: "differs from recipe.backend",
     t_backend_switched_both: "specc loads no .pt2 archives" ,
     t_backend_switched_to_aoti: "trust_code=True",

@@ -58,6 +58,8 @@ class OnnxRuntimeBackend:
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
         import onnxruntime as ort
 
+        check_external_data(graph_dir / entry["entry"], entry["files"])
+
         so = ort.SessionOptions()
         so.intra_op_num_threads = _cpu_threads()
         so.inter_op_num_threads = 1
@@ -71,6 +73,33 @@ class OnnxRuntimeBackend:
         check_engine_matches(entry, [i.name for i in inputs], [o.name for o in session.get_outputs()], kv,
                              f"ONNX graph {graph_dir.name}/{entry['entry']}")
         return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
+
+
+def check_external_data(path: Path, files: list[str]) -> None:
+    """Every external-data file the ONNX graph names is one of the graph's listed files (ONNX Runtime
+    would open whatever path the graph gives; recent versions refuse only paths outside the folder)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    from ..errors import BundleError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"{path.parent.name}/{path.name} is not a readable ONNX graph: {type(exc).__name__}: {exc}") from None
+    graphs, tensors = [model.graph], []
+    while graphs:
+        graph = graphs.pop()
+        tensors += list(graph.initializer) + [s.values for s in graph.sparse_initializer]
+        for node in graph.node:
+            for attr in node.attribute:
+                graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+                tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+    seen = {e.value for t in tensors if uses_external_data(t) for e in t.external_data if e.key == "location"}
+    unlisted = sorted(seen - set(files))
+    if unlisted:
+        raise BundleError(f"{path.parent.name}/{path.name} reads external data from {unlisted}, which are not the "
+                          f"graph's listed files {files}")
 
 
 def quantize(src: Path, dst: Path, kind: str) -> None:

@@ -37,7 +37,7 @@ def _load(args):
 def _read_prompts(args) -> list[dict]:
     from .bench import read_prompts
 
-    prompts = [{"prompt": p, "chat": args.chat} for p in (args.prompt or [])]
+    prompts = [{"prompt": p, "chat": args.chat, "kind": ""} for p in (args.prompt or [])]
     if args.prompts:
         prompts += read_prompts(args.prompts, default_chat=args.chat)
     if not prompts:

@@ -494,8 +494,8 @@ BAD_REQUESTS = [
     (dict(top_p=float("nan")), "top_p"),
     (dict(top_k=10**30), "top_k must be an integer"),
     (dict(top_k=True), "top_k must be an integer"),
-    (dict(seed=2**63), "seed must be in"),
-    (dict(seed=2**63 - 1), "seed must be in"),  # the second row's seed overflows
+    (dict(seed=2**64), "seed must be in"),
+    (dict(seed=2**64 - 1), "seed must be in"),  # the second row's seed overflows
     (dict(seed=-1), "seed must be in"),
     (dict(seed=True), "seed must be one int"),
     (dict(stop=5), "stop must be a list"),
@@ -577,6 +577,8 @@ CLI_CASES = [
     (["triton", "{ort}", "--repo", "/proc/specc-x"], "cannot write the repository"),
     (["triton", "{ort}", "--repo", "{tmp}/r", "--expect-id", "sha256:" + "1" * 64], "not the expected"),
     (["bench", "{ort}", "{ort}", "--prompt", "x", "--expect-id", "sha256:" + "1" * 64], "pins one bundle"),
+    (["bench", "{ort}", "--prompt", "x", "--max-new-tokens", "2", "--json", "/proc/specc-x/b.json"], "/proc/specc-x"),
+    (["trt-check", "{binary}"], "is not an ONNX model"),
 ]
 
 

@@ -189,6 +189,8 @@ class SpecModel:
         """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead)."""
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise RequestError(f"seed must be an integer in [0, 2**64 - 1], got {seed!r}")
         stop = () if stop is None else stop
         if isinstance(stop, (str, bytes)) or not isinstance(stop, Seq) or not all(isinstance(s, str) and s for s in stop):
             raise RequestError(f"stop must be a list of non-empty strings, got {stop!r}")
@@ -464,7 +466,7 @@ class Completions(list):
         self.stats = stats
 
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**64 - 1  # a torch generator's seed range (and the Triton interface's UINT64 seed)
 
 
 def _is_int(value) -> bool:
@@ -487,7 +489,7 @@ def _seeds(seed, n: int) -> list[int]:
         if len(seeds) != n or not all(_is_int(s) for s in seeds):
             raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
     if not all(0 <= s <= MAX_SEED for s in seeds):
-        raise RequestError(f"seed must be in [0, 2**63 - 1] (row i uses seed + i), got {seed!r}")
+        raise RequestError(f"seed must be in [0, 2**64 - 1] (row i uses seed + i), got {seed!r}")
     return [int(s) for s in seeds]
 
 

@@ -4,7 +4,7 @@
     model = specc.load("bundles/quickstart")
     print(model.generate(["def fib(n):"], max_new_tokens=32)[0].text)
 """
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load(path, verify: bool = True, expect_id: str | None = None, trust_code: bool = False):
@@ -13,7 +13,7 @@ def load(path, verify: bool = True, expect_id: str | None = None, trust_code: bo
     verify: check every file's sha256 (sizes and the file listing are always checked);
     expect_id: refuse a bundle whose id (`specc inspect`) differs; trust_code: allow backends
     that run code from the bundle (aoti, torch_tensorrt). docs/security.md explains each."""
-    from .runtime.engine import load as _load
+    from .runtime.model import load as _load
 
     return _load(path, verify=verify, expect_id=expect_id, trust_code=trust_code)
 

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .digest import sha256_of
 from .errors import BundleError, RecipeError, SpeccError
 from .recipe import Recipe, parse_recipe
+from .version import __version__
 
 FORMAT = "specc-bundle"
 FORMAT_VERSION = 2
@@ -49,14 +50,6 @@ MAX_MANIFEST_BYTES = 64 << 20
 ID_PREFIX = "sha256:"
 _ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 _PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-
-
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def canonical_json(manifest: dict) -> bytes:

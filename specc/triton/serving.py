@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
-from ..runtime.engine import SpecModel, load, open_runner
+from ..runtime.model import SpecModel, load, open_runner
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR
 

@@ -137,13 +137,13 @@ def cmd_tune(args) -> int:
 
 def cmd_inspect(args) -> int:
     from ..bundle import open_bundle
-    from .format import format_manifest
+    from .format import format_manifest, terminal_safe
 
     bundle = open_bundle(args.bundle, verify=not args.no_verify, expect_id=args.expect_id)
     if args.json:
         print(json.dumps({"id": bundle.id, "manifest": bundle.manifest.raw}, indent=2))
     else:
-        print(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify))
+        print(terminal_safe(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify)))
     return 0
 
 
@@ -365,14 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SpeccError as exc:
-        print(f"specc: error: {exc}", file=sys.stderr)
+        from .format import terminal_safe
+
+        print(f"specc: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
         sys.stderr.close()
         return 0
     except OSError as exc:  # a path the user gave that cannot be read or written
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"specc: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        from .format import terminal_safe
+
+        print(f"specc: error: {terminal_safe(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import platform
+import re
 from pathlib import Path
 
 from ..bench.table import fmt, table
@@ -29,6 +30,15 @@ def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False)
                          f"{stats['lookup_rounds']} of {stats['rounds']} ({fmt(stats['lookup_acceptance_rate'])}; "
                          f"model rounds {fmt(stats['model_acceptance_rate'])})"])
     return table(["stat", "value"], rows, "ll")
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """Text with control characters (terminal escape sequences from a manifest or a file name)
+    shown as \\xNN, so what specc prints cannot rewrite the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def format_manifest(manifest, path: Path, verified: bool) -> str:

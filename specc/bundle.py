@@ -188,10 +188,6 @@ class GraphEntry:
                "quantize": self.quantize, "passes": list(self.passes)}
         return {**self.facts, **out}
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A backend fact (or a typed field) by name."""
-        return self.to_dict().get(key, default)
-
     @classmethod
     def read(cls, r: _Reader) -> "GraphEntry":
         d = check_relpath(r.str("dir"), r.path("dir"))

@@ -134,7 +134,7 @@ def bench(bundle: Path, args, json_path: Path) -> dict:
     from specc.bench.run import read_prompts, run_bench
 
     items = read_prompts(args.prompts)[: args.limit_prompts]
-    model = specc.load(bundle)
+    model = specc.load(bundle, trust_code=True)  # built by this script (aoti and torch_tensorrt run code)
     return run_bench([model], items, max_new_tokens=args.max_new_tokens, k_values=args.k, repeats=args.repeats,
                      json_path=json_path)
 

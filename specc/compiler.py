@@ -15,8 +15,8 @@ from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
 from .capture.shapes import ModelDims, dim_ranges, example_inputs
 from .capture.graph import StepGraph, capture
-from .errors import SpeccError
-from .models.load import check_same_tokenizer, load_model
+from .errors import ModelError, RecipeError, SpeccError
+from .models.load import check_same_tokenizer, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
 from .recipe import Recipe
@@ -76,6 +76,8 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     from transformers.utils import logging as hf_logging
 
     backend = get_backend(recipe.backend)
+    check_model_fits(recipe)
+    writer = BundleWriter(Path(output or recipe.output))
     hf_bars = hf_logging.is_progress_bar_enabled()
     if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
@@ -83,7 +85,6 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     draft_graph = method in ("model", "quantized", "early_exit")
     n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
     stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
-    writer = BundleWriter(Path(output or recipe.output))
     ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)
     base_options = LowerOptions(precision=recipe.precision, device=recipe.device, tensorrt=recipe.tensorrt)
     try:
@@ -143,7 +144,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 "graphs": entries,
                 "compile_seconds": stages.timings,
             }
-            path = writer.finish(manifest)
+            path = writer.finish(manifest)[0]
     except BaseException:
         writer.abort()
         raise
@@ -152,6 +153,22 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         if hf_bars:
             hf_logging.enable_progress_bar()
     return path
+
+
+def check_model_fits(recipe: Recipe) -> None:
+    """Recipe fields checked against the target's config.json before any weights load (draft.layer)."""
+    if recipe.draft.method != "early_exit":
+        return
+    config_path = resolve_source(recipe.target.model) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+        n_layers = config["num_hidden_layers"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"{config_path} does not give num_hidden_layers ({type(exc).__name__}: {exc})") from None
+    if not isinstance(n_layers, int) or not 1 <= recipe.draft.layer < n_layers:
+        raise RecipeError("draft.layer", f"{recipe.draft.layer} is out of range for {recipe.target.model!r}, which has "
+                          f"{n_layers} layers; allowed: 1 to {n_layers - 1 if isinstance(n_layers, int) else '?'}")
 
 
 def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges) -> PlannedGraph:

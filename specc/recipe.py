@@ -7,6 +7,7 @@ these declarations. Errors name the field path and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ class DraftSpec:
     method: str = _f("model", "how draft tokens are proposed", choices=DRAFT_METHODS)
     model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
     quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8", "int4"))
-    layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1)
+    layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1, hi=1 << 16)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
                              "row finds an n-gram continuation; the model drafts the other rounds")
@@ -75,8 +76,8 @@ class SpeculationSpec:
 @dataclass(frozen=True)
 class SamplingSpec:
     temperature: float = _f(0.0, "0 means greedy", lo=0.0, hi=100.0)
-    top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all", lo=0)
-    top_p: float = _f(1.0, "nucleus sampling mass; 1 keeps all", lo=0.0, hi=1.0)
+    top_k: int = _f(0, "keep the k most likely tokens; 0 keeps all", lo=0, hi=2**31 - 1)
+    top_p: float = _f(1.0, "nucleus sampling mass in (0, 1]; 1 keeps all", lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)
@@ -87,9 +88,9 @@ class LimitsSpec:
 
 @dataclass(frozen=True)
 class TensorRTSpec:
-    workspace_mb: int = _f(4096, "builder memory pool limit (TensorRT workspace), MiB", lo=16)
+    workspace_mb: int = _f(4096, "builder memory pool limit (TensorRT workspace), MiB", lo=16, hi=1 << 20)
     optimization_level: int = _f(3, "TensorRT builder optimisation level: higher builds longer, may run faster", lo=0, hi=5)
-    min_block_size: int = _f(5, "torch_tensorrt: fewest consecutive convertible ops put in a TensorRT engine", lo=1)
+    min_block_size: int = _f(5, "torch_tensorrt: fewest consecutive convertible ops put in a TensorRT engine", lo=1, hi=1 << 20)
     cuda_graphs: bool = _f(False, "tensorrt: replay fixed-shape draft and verify steps as CUDA graphs")
 
 
@@ -127,7 +128,11 @@ def _check_value(path: str, value: Any, tp: Any, meta: dict) -> Any:
         value = float(value)
     ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
     if not ok:
-        raise RecipeError(path, f"expected {_type_name(tp)}, got {value!r}")
+        raise RecipeError(path, f"expected {_type_name(tp)}, got {_short(value)}")
+    if tp is float and not math.isfinite(value):
+        raise RecipeError(path, f"expected a finite number, got {value!r}")
+    if tp is str and ("\0" in value or len(value) > 4096):
+        raise RecipeError(path, "expected a string without NUL characters, at most 4096 characters long")
     if meta.get("choices") and value not in meta["choices"]:
         raise RecipeError(path, f"{value!r} is not allowed; allowed: {', '.join(map(str, meta['choices']))}")
     if meta.get("lo") is not None and value < meta["lo"]:
@@ -137,12 +142,17 @@ def _check_value(path: str, value: Any, tp: Any, meta: dict) -> Any:
     return value
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _build(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, dict):
-        raise RecipeError(path or "<root>", f"expected a mapping of fields, got {data!r}")
+        raise RecipeError(path or "<root>", f"expected a mapping of fields, got {_short(data)}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
+    unknown = sorted(set(data) - set(names), key=str)
     if unknown:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])
         raise RecipeError(where, f"unknown field; allowed here: {', '.join(names)}")
@@ -175,6 +185,8 @@ def _check_consistency(r: Recipe) -> None:
                           f"early_exit), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
+    if r.sampling.top_p <= 0:
+        raise RecipeError("sampling.top_p", f"{r.sampling.top_p!r} keeps no token; allowed: (0, 1], 1 keeps all")
     if d.min_ngram > d.max_ngram:
         raise RecipeError("draft.min_ngram", f"{d.min_ngram} is above draft.max_ngram ({d.max_ngram})")
     if r.device == "cuda" and r.backend == "onnxruntime":
@@ -212,9 +224,17 @@ def load_recipe(path: str | Path) -> Recipe:
     if not path.is_file():
         raise RecipeError("<file>", f"{path} does not exist or is not a file")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError("<file>", f"{path} is not UTF-8 text (byte {exc.start}); a recipe is a YAML file") from None
+    except OSError as exc:
+        raise RecipeError("<file>", f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RecipeError("<file>", f"{path} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise RecipeError("<file>", f"{path} nests too deeply to be a recipe") from None
     recipe = parse_recipe(data, str(path))
     return resolve_paths(recipe, path.parent)
 

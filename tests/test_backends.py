@@ -1,6 +1,8 @@
 """Lowered engines agree with eager torch on random inputs across the dynamic shape ranges."""
 from __future__ import annotations
 
+import zipfile
+
 import onnx
 import pytest
 import torch
@@ -69,27 +71,13 @@ def test_quantized_draft_graph_is_close_and_smaller(graph, kind, tmp_path):
     assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.9  # lossy by design, but close
 
 
-def test_torch_backend_refuses_pickled_weights(graph, tmp_path):
-    import json
-    import zipfile
-
-    from specc.backends.torch_backend import _check_no_pickled_weights
-    from specc.errors import BundleError
-
-    _lowered(graph, "torch", tmp_path)
-    src = tmp_path / "graph.pt2"
-    bad = tmp_path / "bad.pt2"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
-        for item in zin.namelist():
-            data = zin.read(item)
-            if item.endswith(".json") and "weights_config" in item:
-                cfg = json.loads(data)
-                for meta in cfg["config"].values():
-                    meta["use_pickle"] = True
-                data = json.dumps(cfg).encode()
-            zout.writestr(item, data)
-    with pytest.raises(BundleError, match="pickle"):
-        _check_no_pickled_weights(bad)
+def test_torch_backend_writes_no_pickles(graph, tmp_path):
+    """The torch backend stores JSON + safetensors (no zip, no pickle) and loads them back exactly."""
+    runner, entry = _lowered(graph, "torch", tmp_path)
+    assert sorted(entry["files"]) == ["program.json", "weights.safetensors"] and entry["entry"] == "program.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["program.json", "weights.safetensors"]
+    assert not zipfile.is_zipfile(tmp_path / "program.json")
+    _check(graph, runner, 1e-6)
 
 
 def test_unknown_backend_is_named():

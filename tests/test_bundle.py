@@ -19,8 +19,8 @@ def copy(bundles, tmp_path):
 
 
 def test_manifest_describes_everything(bundles):
-    m = open_bundle(bundles["draft"]).manifest
-    assert m["format"] == "specc-bundle" and m["format_version"] == 1
+    m = open_bundle(bundles["draft"]).manifest.raw
+    assert m["format"] == "specc-bundle" and m["format_version"] == 2
     for key in ("specc", "torch", "onnxruntime", "onnx"):
         assert key in m["versions"]
     for role in ("target", "draft"):
@@ -61,7 +61,7 @@ def test_other_format_version_is_refused(copy):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["format_version"] = 99
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(BundleError, match="format version 99 is not supported.*reads version 1"):
+    with pytest.raises(BundleError, match="format version 99 is not supported.*reads version 2"):
         specc.load(copy)
 
 

@@ -88,9 +88,11 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
 def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     assert main(["inspect", str(cli_bundle)]) == 0
     out = capsys.readouterr().out
-    assert "all files match their sha256" in out and "graph target" in out and "graph draft" in out
+    assert "sizes and sha256 match" in out and "graph target" in out and "graph draft" in out
+    assert out.startswith("id          sha256:")
     assert main(["inspect", str(cli_bundle), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["format"] == "specc-bundle"
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["manifest"]["format"] == "specc-bundle" and shown["id"].startswith("sha256:")
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "onnxruntime" in out and "tensorrt" in out
@@ -106,8 +108,8 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
     (["generate", "{bundle}", "--prompt", ""], "prompt 0 is empty"),
     (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "500"], "above this bundle's max_context 128"),
-    (["generate", "{bundle}", "--prompt", "x", "--temperature", "-1"], "temperature must be a number >= 0"),
-    (["generate", "{bundle}", "--prompt", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "{bundle}", "--prompt", "x", "--temperature", "-1"], "temperature must be a number in [0, 100]"),
+    (["generate", "{bundle}", "--prompt", "x", "--top-p", "0"], "top_p must be a number in (0, 1]"),
     (["generate", "{bundle}"], "give at least one --prompt"),
     (["generate", "{tmp}/none", "--prompt", "x"], "does not exist"),
     (["compile", "{tmp}/missing.yaml"], "does not exist"),

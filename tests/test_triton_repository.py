@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from specc.bundle import sha256_of
+from specc.bundle import Manifest, open_bundle, sha256_of
 from specc.cli import main
 from specc.errors import BundleError
 from specc.triton import write_repository
@@ -56,7 +56,8 @@ def test_in_process_layout(bundles, tmp_path):
     plans = write_repository(bundles["draft"], repo, name="spec")
     assert [p.name for p in plans] == ["spec"]
     check_orchestrator(configs(repo)["spec"], {"bundle": "bundle", "speculative": "true", "k": "3",
-                                               "default_max_tokens": "64", "verify_bundle": "true"})
+                                               "default_max_tokens": "64", "verify_bundle": "true",
+                                               "bundle_id": open_bundle(bundles["draft"]).id, "trust_code": "false"})
     version = repo / "spec" / "1"
     assert "from specc.triton.serving import InProcessModel as TritonPythonModel" in (version / "model.py").read_text()
     manifest = json.loads((bundles["draft"] / "manifest.json").read_text())
@@ -70,7 +71,8 @@ def test_split_layout_native_engines(bundles, tmp_path):
     found = configs(repo)
     assert list(found) == ["spec", "spec_draft", "spec_target"]
     check_orchestrator(found["spec"], {"bundle": "bundle", "speculative": "true", "k": "3", "default_max_tokens": "64",
-                                       "target_model": "spec_target", "draft_model": "spec_draft"})
+                                       "target_model": "spec_target", "draft_model": "spec_draft",
+                                       "bundle_id": open_bundle(bundles["draft"]).id, "trust_code": "false"})
     manifest = json.loads((bundles["draft"] / "manifest.json").read_text())
     tokenizer = [rel for rel in manifest["files"] if rel.startswith("tokenizer/")]
     check_files(repo / "spec" / "1", bundles["draft"], tokenizer)
@@ -116,25 +118,34 @@ def test_split_layout_python_engines_serve_any_backend(bundles, tmp_path):
         assert all(f in ("model.py", "bundle/manifest.json") or f.startswith(f"bundle/{role}/") for f in files)
 
 
+def _typed(raw: dict) -> Manifest:
+    """An edited manifest with its file table made to match its graphs' files (placeholder hashes)."""
+    for g in raw["graphs"].values():
+        raw["files"] = {rel: m for rel, m in raw["files"].items() if not rel.startswith(g["dir"] + "/")}
+        raw["files"].update({f"{g['dir']}/{f}": {"sha256": "0" * 64, "bytes": 1} for f in g["files"]})
+    return Manifest.from_dict(raw)
+
+
 def test_engine_configs_for_tensorrt_and_quantized_onnx(bundles):
     """Config generation for engines this machine cannot build (TensorRT plans, fp16) from edited manifests."""
     manifest = json.loads((bundles["draft"] / "manifest.json").read_text())
     trt = copy.deepcopy(manifest)
-    trt["backend"] = "tensorrt"
+    trt["backend"] = trt["recipe"]["backend"] = "tensorrt"
     trt["recipe"]["device"] = "cuda"
     entry = trt["graphs"]["target"]
     entry.update(entry="model.plan", files=["model.plan"])
     for tensor in entry["inputs"]:
         if tensor["name"].endswith("_cache"):
             tensor["dtype"] = "float16"
-    c = text_format.Parse(to_pbtxt(engine_config("t", trt, "target", "native")), Config())
+    c = text_format.Parse(to_pbtxt(engine_config("t", _typed(trt), "target", "native")), Config())
     assert c.platform == "tensorrt_plan" and c.default_model_filename == "model.plan"
     assert c.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     types = {t.name: model_config_pb2.DataType.Name(t.data_type) for t in list(c.input) + list(c.output)}
     assert types["k_cache"] == types["new_k"] == "TYPE_FP16" and types["logits"] == "TYPE_FP32"
     quantized = copy.deepcopy(manifest)
     quantized["graphs"]["draft"]["entry"] = "model.int8.onnx"
-    c = text_format.Parse(to_pbtxt(engine_config("d", quantized, "draft", "native")), Config())
+    quantized["graphs"]["draft"]["files"] = ["model.int8.onnx"]
+    c = text_format.Parse(to_pbtxt(engine_config("d", _typed(quantized), "draft", "native")), Config())
     assert c.platform == "onnxruntime_onnx" and c.default_model_filename == "model.int8.onnx"
 
 

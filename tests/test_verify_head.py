@@ -25,5 +25,5 @@ def test_verify_head_target_only_and_outputs(bundles, prompts):
     a = head.generate(prompts[:4], max_new_tokens=10, speculative=False)
     b = host.generate(prompts[:4], max_new_tokens=10, speculative=False)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
-    outputs = head.bundle.graph("target")["outputs"]
+    outputs = head.bundle.graph("target").outputs
     assert outputs == ["n_accepted", "next_token", "new_k", "new_v"], "no [B, T, V] logits leave the engine"

@@ -22,6 +22,7 @@ FILE = "graph.pt2"
 
 class AotiBackend:
     name = "aoti"
+    runs_bundle_code = "AOTInductor packages are compiled shared libraries (.so) that are loaded and run as native code"
 
     def availability(self) -> tuple[bool, str]:
         compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")

@@ -32,6 +32,7 @@ class Runner(Protocol):
 
 class Backend(Protocol):
     name: str
+    runs_bundle_code: str | None  # how loading runs code stored in the bundle (needs trust_code), or None
 
     def availability(self) -> tuple[bool, str]:
         """Whether this machine can lower and run the backend, and the versions or the reason."""
@@ -45,6 +46,24 @@ class Backend(Protocol):
 
     def check_versions(self, recorded: dict) -> None:
         """Raise BundleError if engines built with `recorded` versions cannot run here."""
+
+
+def check_engine_matches(entry: dict, input_names: list[str], output_names: list[str], kv_shape: list, where: str) -> None:
+    """The engine's own inputs, outputs and static KV-cache dims are what the manifest entry declares
+    (so the runtime never feeds an engine tensors it did not declare)."""
+    from ..errors import BundleError
+
+    declared = [i["name"] for i in entry["inputs"]]
+    if list(input_names) != declared or not set(entry["outputs"]) <= set(output_names):
+        raise BundleError(f"{where} has inputs {list(input_names)} and outputs {list(output_names)}; its manifest "
+                          f"declares {declared} and {entry['outputs']}")
+    m = entry.get("model")
+    if m is None:  # a bare lowering (tests), not a bundle's graph entry
+        return
+    want = [m["n_layers"], None, m["n_kv_heads"], None, m["head_dim"]]
+    if len(kv_shape) != 5 or any(w is not None and isinstance(d, int) and d != w for d, w in zip(kv_shape, want)):
+        raise BundleError(f"{where} has a KV cache of shape {list(kv_shape)}; its manifest declares "
+                          f"[{m['n_layers']}, batch, {m['n_kv_heads']}, cache, {m['head_dim']}]")
 
 
 def _minor(version: str) -> tuple[int, int]:

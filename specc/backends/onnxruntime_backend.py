@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
-from .base import LowerOptions, require_version
+from .base import LowerOptions, check_engine_matches, require_version
 from .onnx_export import export_onnx, opset_of
 
 FILE = "model.onnx"
@@ -23,6 +23,7 @@ def _cpu_threads() -> int:
 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
+    runs_bundle_code = None  # ONNX graphs are data; ONNX Runtime loads no custom-op libraries from a bundle
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -57,6 +58,8 @@ class OnnxRuntimeBackend:
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
         import onnxruntime as ort
 
+        check_external_data(graph_dir / entry["entry"], entry["files"])
+
         so = ort.SessionOptions()
         so.intra_op_num_threads = _cpu_threads()
         so.inter_op_num_threads = 1
@@ -65,7 +68,38 @@ class OnnxRuntimeBackend:
         # Draft and target sessions alternate: spinning pool threads of one would steal the cores of the other.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
+        inputs = session.get_inputs()
+        kv = next((i.shape for i in inputs if i.name == "k_cache"), [])
+        check_engine_matches(entry, [i.name for i in inputs], [o.name for o in session.get_outputs()], kv,
+                             f"ONNX graph {graph_dir.name}/{entry['entry']}")
         return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
+
+
+def check_external_data(path: Path, files: list[str]) -> None:
+    """Every external-data file the ONNX graph names is one of the graph's listed files (ONNX Runtime
+    would open whatever path the graph gives; recent versions refuse only paths outside the folder)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    from ..errors import BundleError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise BundleError(f"{path.parent.name}/{path.name} is not a readable ONNX graph: {type(exc).__name__}: {exc}") from None
+    graphs, tensors = [model.graph], []
+    while graphs:
+        graph = graphs.pop()
+        tensors += list(graph.initializer) + [s.values for s in graph.sparse_initializer]
+        for node in graph.node:
+            for attr in node.attribute:
+                graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+                tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+    seen = {e.value for t in tensors if uses_external_data(t) for e in t.external_data if e.key == "location"}
+    unlisted = sorted(seen - set(files))
+    if unlisted:
+        raise BundleError(f"{path.parent.name}/{path.name} reads external data from {unlisted}, which are not the "
+                          f"graph's listed files {files}")
 
 
 def quantize(src: Path, dst: Path, kind: str) -> None:

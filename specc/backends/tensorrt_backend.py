@@ -98,6 +98,7 @@ def make_logger(trt):
 
 class TensorRTBackend:
     name = "tensorrt"
+    runs_bundle_code = None  # plans hold GPU kernels; host code in a plan (lean runtime, plugins) stays disallowed
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -149,6 +150,8 @@ class TensorRTBackend:
         check_same_gpu(entry, dev, where)
         logger = make_logger(trt)
         runtime = trt.Runtime(logger)
+        if hasattr(runtime, "engine_host_code_allowed"):
+            runtime.engine_host_code_allowed = False  # TensorRT's default, kept explicit: no host code from a plan
         engine = runtime.deserialize_cuda_engine((graph_dir / entry["entry"]).read_bytes())  # on the current device
         if engine is None:
             built = entry.get("versions", {}).get("tensorrt", "an unknown version")

@@ -1,49 +1,47 @@
-"""`torch`: the exported program itself, the numerical reference for every other backend."""
+"""`torch`: the exported program itself, the numerical reference for every other backend.
+
+Stored pickle-free (torch_program.py): the graph as torch's JSON schema, the tensors as
+safetensors; loading checks the graph's operators and rebuilds the program without
+`torch.export.load` (whose `.pt2` archives unpickle sample inputs).
+"""
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
 
 import torch
 from torch.export import ExportedProgram
 
 from ..errors import BundleError
-from .base import LowerOptions, require_version
-
-FILE = "graph.pt2"
-
-
-def _check_no_pickled_weights(path: Path) -> None:
-    """torch.export stores plain tensors as raw bytes; refuse archives that would unpickle weights."""
-    with zipfile.ZipFile(path) as zf:
-        for name in zf.namelist():
-            if name.endswith(".json") and ("weights_config" in name or "constants_config" in name):
-                config = json.loads(zf.read(name))
-                for fqn, meta in config.get("config", {}).items():
-                    if meta.get("use_pickle"):
-                        raise BundleError(f"{path} stores weight {fqn!r} as a pickle; specc loads no pickled weights")
+from .base import LowerOptions, check_engine_matches, require_version
+from .torch_program import PROGRAM, WEIGHTS, load_program, save_program
 
 
 class TorchBackend:
     name = "torch"
+    runs_bundle_code = None  # the program is checked JSON and safetensors: nothing from the bundle is executed
 
     def availability(self) -> tuple[bool, str]:
         return True, f"torch {torch.__version__}"
 
     def lower(self, program: ExportedProgram, out_dir: Path, input_names, output_names, options: LowerOptions) -> dict:
-        path = out_dir / FILE
-        torch.export.save(program, path)
-        _check_no_pickled_weights(path)
-        return {"entry": FILE, "files": [FILE], "versions": {"torch": torch.__version__}}
+        files = save_program(program, out_dir)
+        return {"entry": PROGRAM, "files": files, "versions": {"torch": torch.__version__}}
 
     def check_versions(self, recorded: dict) -> None:
         require_version("torch", recorded, torch.__version__, same_minor=True)
 
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
-        path = graph_dir / entry["entry"]
-        _check_no_pickled_weights(path)
-        module = torch.export.load(path).module()
+        if entry["entry"] != PROGRAM or sorted(entry["files"]) != sorted([PROGRAM, WEIGHTS]):
+            raise BundleError(f"torch graph {graph_dir.name}: expected files {PROGRAM} and {WEIGHTS} (entry {PROGRAM}), "
+                              f"got {entry['files']} (entry {entry['entry']}); specc loads no .pt2 archives for this backend")
+        program = load_program(graph_dir)
+        signature = program.graph_signature
+        names = list(signature.user_inputs)
+        kv = next((n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder" and n.name == "k_cache"), None)
+        kv_shape = [d if isinstance(d, int) else None for d in kv.shape] if kv is not None else []
+        outputs = list(entry["outputs"]) if len(signature.user_outputs) == len(entry["outputs"]) else []
+        check_engine_matches(entry, names, outputs, kv_shape, f"torch graph {graph_dir.name}/{PROGRAM}")
+        module = program.module()
         device = torch.device(options.device)
         if device.type != "cpu":
             module = module.to(device)

@@ -85,6 +85,8 @@ def fallback_report(gm: torch.fx.GraphModule) -> dict:
 
 class TorchTensorRTBackend:
     name = "torch_tensorrt"
+    runs_bundle_code = ("Torch-TensorRT programs are .pt2 archives that torch.export.load unpickles (pickles run code) "
+                        "and that embed TensorRT engines")
 
     def availability(self) -> tuple[bool, str]:
         try:

@@ -93,7 +93,12 @@ def check_onnx(model, source: str | None = None) -> CoverageReport:
 
     if not isinstance(model, onnx.ModelProto):
         source = source or str(model)
-        model = onnx.load(str(model), load_external_data=False)
+        try:
+            model = onnx.load(str(model), load_external_data=False)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            from ..errors import SpeccError
+
+            raise SpeccError(f"{source} is not an ONNX model ({type(exc).__name__}: {str(exc)[:200]})") from None
     source = source or "the ONNX model"
     table = load_table()
     opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)

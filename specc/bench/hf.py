@@ -106,12 +106,12 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
     from ..models.load import load_model
 
     manifest = models[0].bundle.manifest
-    recipe = manifest["recipe"]
-    dtype, device = recipe["target"]["dtype"], recipe.get("device", "cpu")
-    eos_ids = sorted(manifest["tokenizer"]["eos_token_ids"])
+    recipe = manifest.recipe
+    dtype, device = recipe.target.dtype, recipe.device
+    eos_ids = sorted(manifest.tokenizer.eos_token_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
-    target = load_model(manifest["models"]["target"], dtype, device).model
+    target = load_model(manifest.models["target"], dtype, device).model
     target.generation_config = neutral_generation_config(target, eos_ids, pad_id)
     systems = [HFSystem(HF_TARGET_ONLY, target, eos_ids, settings={"api": "generate"})]
     skipped: list[dict] = []
@@ -119,7 +119,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
     for m in models:
         method, name = m.draft_method, m.bundle.path.name
         if method == "model":
-            drafts.setdefault(m.bundle.manifest["models"]["draft"], []).append(m)
+            drafts.setdefault(m.bundle.manifest.models["draft"], []).append(m)
         elif method in SKIP_ASSISTED:
             skipped.append({"system": "hf assisted", "bundle": name,
                             "reason": f"draft.method {method}: {SKIP_ASSISTED[method]}"})
@@ -129,7 +129,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
         draft.generation_config = _with_assisted_defaults(neutral_generation_config(draft, eos_ids, pad_id),
                                                           draft.generation_config)
         label = Path(source).name
-        quantized = sorted({u.bundle.path.name for u in users if u.bundle.graph("draft").get("quantize")})
+        quantized = sorted({u.bundle.path.name for u in users if u.bundle.graph("draft").quantize})
         note = {"note": f"unquantised draft weights (specc's {', '.join(quantized)} quantise them)"} if quantized else {}
         default = draft.generation_config
         systems.append(HFSystem(f"hf assisted [{label}] default", target, eos_ids, assistant=draft,
@@ -150,7 +150,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
                                         "assistant_confidence_threshold": 0.0, **note}))
 
     lookup = next((m for m in models if m.draft_method == "prompt_lookup"), None)
-    ngram = lookup.bundle.recipe["draft"]["max_ngram"] if lookup else 2
+    ngram = lookup.bundle.recipe.draft.max_ngram if lookup else 2
     for k in k_values:
         systems.append(HFSystem(f"hf prompt lookup k={k}", target, eos_ids,
                                 kwargs={"prompt_lookup_num_tokens": k, "max_matching_ngram_size": ngram},

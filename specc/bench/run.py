@@ -9,6 +9,7 @@ system (1): `hf target-only` with `--compare hf` (bench_hf.py), else `specc targ
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,30 +22,46 @@ SPECC_TARGET_ONLY = "specc target-only"
 
 
 def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
-    """JSON lines ({"prompt": str, "chat": bool?, "kind": str?}) or plain text, one prompt per line."""
+    """JSON lines ({"prompt": str, "chat": bool?, "kind": str?}) or plain text, one prompt per line
+    (in plain lines the escapes \\n, \\t and \\\\ stand for a newline, a tab and a backslash)."""
     path = Path(path)
     if not path.is_file():
         raise SpeccError(f"prompts file {path} does not exist")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpeccError(f"prompts file {path} is not UTF-8 text (byte {exc.start}); give JSON lines or plain text") from None
+    except OSError as exc:
+        raise SpeccError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
     items = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpeccError(f"{path}:{n}: not valid JSON ({exc})") from None
-            if not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise SpeccError(f"{path}:{n}: not valid JSON ({str(exc)[:120]})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
                 raise SpeccError(f"{path}:{n}: needs a non-empty string field \"prompt\"")
-            items.append({"prompt": obj["prompt"], "chat": bool(obj.get("chat", default_chat)), "kind": obj.get("kind", "")})
+            chat, kind = obj.get("chat", default_chat), obj.get("kind", "")
+            if not isinstance(chat, bool):
+                raise SpeccError(f"{path}:{n}: field \"chat\" must be true or false, got {chat!r}")
+            if not isinstance(kind, str):
+                raise SpeccError(f"{path}:{n}: field \"kind\" must be a string, got {kind!r}")
+            items.append({"prompt": obj["prompt"], "chat": chat, "kind": kind})
         else:
-            items.append({"prompt": line.encode().decode("unicode_escape"), "chat": default_chat, "kind": ""})
+            items.append({"prompt": _unescape(line), "chat": default_chat, "kind": ""})
     if not items:
         raise SpeccError(f"prompts file {path} holds no prompts")
     return items
 
 
-def load_bundles(paths: list[Path], verify: bool = True) -> list:
+def _unescape(line: str) -> str:
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], line)
+
+
+def load_bundles(paths: list[Path], verify: bool = True, trust_code: bool = False, expect_id: str | None = None) -> list:
     """Load bundles; graphs that are byte-identical across them (one target compiled into several
     bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
     from ..bundle import open_bundle
@@ -54,14 +71,15 @@ def load_bundles(paths: list[Path], verify: bool = True) -> list:
 
     def open_graph(bundle, role: str):
         entry, recipe = bundle.graph(role), bundle.recipe
-        files = tuple(bundle.manifest["files"][f"{entry['dir']}/{f}"]["sha256"] for f in entry["files"])
-        key = (bundle.manifest["backend"], recipe["precision"], recipe.get("device", "cpu"), entry.get("quantize"),
-               entry.get("entry"), files, tuple(i["name"] for i in entry["inputs"]), tuple(entry["outputs"]))
+        files = tuple(bundle.manifest.files[f"{entry.dir}/{f}"].sha256 for f in entry.files)
+        key = (bundle.manifest.backend, recipe.precision, recipe.device, entry.quantize,
+               entry.entry, files, tuple(i.name for i in entry.inputs), tuple(entry.outputs))
         if key not in engines:
             engines[key] = open_runner(bundle, role)
         return engines[key]
 
-    return [SpecModel(open_bundle(path, verify=verify), open_graph=open_graph) for path in paths]
+    return [SpecModel(open_bundle(path, verify=verify, expect_id=expect_id, trust_code=trust_code), open_graph=open_graph)
+            for path in paths]
 
 
 def encode_prompts(model, items: list[dict]) -> list[list[int]]:
@@ -108,7 +126,7 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
     common = {"seed": seed}
     first = models[0]
     systems = [SpeccSystem(SPECC_TARGET_ONLY, first, {"speculative": False, **common}, batch_size,
-                           {"bundle": str(first.bundle.path), "backend": first.bundle.manifest["backend"]})]
+                           {"bundle": str(first.bundle.path), "backend": first.bundle.manifest.backend})]
     for model in models:
         if not model.can_speculate:
             continue
@@ -120,7 +138,7 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
             label = model.tree.label if model.tree else f"chain k={model.k}"
             variants = [(label, {}, {"tree": model.tree.label} if model.tree else {"k": model.k})]
         for label, kw, shape in variants:
-            settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest["backend"],
+            settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
                         "draft_method": model.draft_label, **shape}
             systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
                                        {"speculative": True, **common, **kw}, batch_size, settings))
@@ -211,7 +229,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     if compare == "hf" and batch_size != 1:
         raise SpeccError("--compare hf measures batch 1 (transformers' assisted generation takes one prompt at a time); "
                          "drop --batch-size")
-    targets = {m.bundle.manifest["models"]["target"] for m in models}
+    targets = {m.bundle.manifest.models["target"] for m in models}
     if len(targets) > 1:
         raise SpeccError(f"bundles compare only against one shared target; these have {sorted(targets)}")
     prompts = encode_prompts(models[0], items)

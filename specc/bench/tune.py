@@ -234,9 +234,9 @@ def check_recipe_matches(path: Path, model) -> None:
 
     recipe = load_recipe(path)
     manifest = model.bundle.manifest
-    if recipe.target.model != manifest["models"]["target"] or recipe.draft.method != manifest["draft"]["method"]:
+    if recipe.target.model != manifest.models["target"] or recipe.draft.method != manifest.draft.method:
         raise SpeccError(f"recipe {path} has target {recipe.target.model!r} with draft.method {recipe.draft.method!r}; "
-                         f"the bundle was compiled from {manifest['models']['target']!r} with {manifest['draft']['method']!r}")
+                         f"the bundle was compiled from {manifest.models['target']!r} with {manifest.draft.method!r}")
 
 
 def set_speculation_k(path: Path, k: int) -> int:

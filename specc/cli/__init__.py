@@ -19,22 +19,25 @@ def cmd_compile(args) -> int:
     from ..compiler import compile_recipe
     from ..recipe import load_recipe
 
+    from ..bundle import read_manifest
+
     recipe = load_recipe(args.recipe)
     path = compile_recipe(recipe, output=args.output, dump_graphs=args.dump_graphs, progress=not args.quiet)
-    print(f"bundle written to {path}")
+    print(f"bundle written to {path}\nbundle id {read_manifest(path).id} (pin it with --expect-id)")
     return 0
 
 
 def _load(args):
     from ..runtime.model import load
 
-    return load(args.bundle, verify=not getattr(args, "no_verify", False))
+    return load(args.bundle, verify=not getattr(args, "no_verify", False), expect_id=args.expect_id,
+                trust_code=args.trust_code)
 
 
 def _read_prompts(args) -> list[dict]:
     from ..bench.run import read_prompts
 
-    prompts = [{"prompt": p, "chat": args.chat} for p in (args.prompt or [])]
+    prompts = [{"prompt": p, "chat": args.chat, "kind": ""} for p in (args.prompt or [])]
     if args.prompts:
         prompts += read_prompts(args.prompts, default_chat=args.chat)
     if not prompts:
@@ -56,27 +59,31 @@ def cmd_generate(args) -> int:
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
-    model = _load(args)
     items = _read_prompts(args)
+    model = _load(args)
     kwargs = dict(_sampling_kwargs(args), stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
-    total = RunStats()
-    for chat in sorted({it["chat"] for it in items}):  # chat and plain prompts run as two groups
+    run = RunStats()  # every group's figures (chat and plain prompts run as two calls)
+    for chat in sorted({it["chat"] for it in items}):
         idx = [i for i, it in enumerate(items) if it["chat"] == chat]
+        group = RunStats()
         if args.stream:
-            for ev in model.stream([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
+            for ev in model.stream([items[i]["prompt"] for i in idx], chat=chat, run_stats=group, **kwargs):
                 if len(items) == 1:
                     print(ev.text, end="", flush=True)
                 texts[idx[ev.index]] = texts.get(idx[ev.index], "") + ev.text
             if len(items) == 1:
                 print()
         else:
-            for c in model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
+            result = model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs)
+            for c in result:
                 texts[idx[c.index]] = c.text
-        total.merge(model.last_stats)
-    stats = total.to_dict()
+            group = result.stats
+        run.merge(group)
+    stats = run.to_dict()
     if args.json:
-        print(json.dumps({"completions": [texts[i] for i in range(len(items))], "stats": stats}, indent=2))
+        print(json.dumps({"bundle_id": model.bundle.id, "completions": [texts[i] for i in range(len(items))],
+                          "stats": stats}, indent=2))
         return 0
     if not (args.stream and len(items) == 1):
         for i in range(len(items)):
@@ -90,7 +97,9 @@ def cmd_bench(args) -> int:
     from ..bench.run import load_bundles, run_bench
     from ..speculation.tree import TreeShape
 
-    models = load_bundles(args.bundle, verify=not args.no_verify)
+    if args.expect_id and len(args.bundle) != 1:
+        raise SpeccError(f"--expect-id pins one bundle; bench was given {len(args.bundle)}")
+    models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
     try:
         trees = [TreeShape.parse(t) for t in args.tree or []]
     except ValueError as exc:
@@ -106,7 +115,7 @@ def cmd_tune(args) -> int:
 
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
-    model = load(args.bundle, verify=not args.no_verify)
+    model = _load(args)
     if args.recipe:
         check_recipe_matches(args.recipe, model)
     result = run_tune(model, _read_prompts(args), k_max=args.k_max, max_new_tokens=args.max_new_tokens,
@@ -128,13 +137,13 @@ def cmd_tune(args) -> int:
 
 def cmd_inspect(args) -> int:
     from ..bundle import open_bundle
-    from .format import format_manifest
+    from .format import format_manifest, terminal_safe
 
-    bundle = open_bundle(args.bundle, verify=not args.no_verify)
+    bundle = open_bundle(args.bundle, verify=not args.no_verify, expect_id=args.expect_id)
     if args.json:
-        print(json.dumps(bundle.manifest, indent=2))
+        print(json.dumps({"id": bundle.id, "manifest": bundle.manifest.raw}, indent=2))
     else:
-        print(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify))
+        print(terminal_safe(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify)))
     return 0
 
 
@@ -142,7 +151,8 @@ def cmd_triton(args) -> int:
     from ..triton import write_repository
 
     plans = write_repository(args.bundle, args.repo, name=args.name, layout=args.layout, engines=args.engines,
-                             force=args.force, default_max_tokens=args.default_max_tokens)
+                             force=args.force, default_max_tokens=args.default_max_tokens, expect_id=args.expect_id,
+                             trust_code=args.trust_code)
     print(f"Triton model repository written to {args.repo} (layout {args.layout}):")
     for plan in plans:
         print(f"  {plan.name:<24} {plan.summary}")
@@ -221,7 +231,15 @@ def _add_prompts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts", type=Path, help="file: JSON lines {\"prompt\": ..., \"chat\": bool} or one prompt per line")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to plain prompts")
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files "
+                   "(sizes and the file listing are still checked)")
+    _add_trust(p)
+
+
+def _add_trust(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect-id", metavar="ID", help="refuse the bundle unless its id (`specc inspect`) is ID")
+    p.add_argument("--trust-code", action="store_true", help="allow backends that run code from the bundle "
+                   "(aoti shared objects, torch_tensorrt pickles); see docs/security.md")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="show a bundle's manifest")
     p.add_argument("bundle", type=Path)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--no-verify", action="store_true")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check (sizes and listing are still checked)")
+    p.add_argument("--expect-id", metavar="ID", help="refuse the bundle unless its id is ID")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("triton", help="write a Triton Inference Server model repository that serves a bundle",
@@ -306,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=64, help="max_tokens of requests that do not set it")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty repository (replaces model directories of the same names)")
+    _add_trust(p)
     p.set_defaults(func=cmd_triton)
 
     p = sub.add_parser("doctor", help="which backends, devices and versions this machine has")
@@ -345,7 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SpeccError as exc:
-        print(f"specc: error: {exc}", file=sys.stderr)
+        from .format import terminal_safe
+
+        print(f"specc: error: {terminal_safe(str(exc))}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
+        sys.stderr.close()
+        return 0
+    except OSError as exc:  # a path the user gave that cannot be read or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        from .format import terminal_safe
+
+        print(f"specc: error: {terminal_safe(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)

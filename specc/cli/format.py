@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import platform
+import re
 from pathlib import Path
 
 from ..bench.table import fmt, table
@@ -31,47 +32,67 @@ def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False)
     return table(["stat", "value"], rows, "ll")
 
 
-def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
-    recipe = manifest["recipe"]
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """Text with control characters (terminal escape sequences from a manifest or a file name)
+    shown as \\xNN, so what specc prints cannot rewrite the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def format_manifest(manifest, path: Path, verified: bool) -> str:
+    """`specc inspect`: a bundle's typed Manifest (specc.bundle) as text, its id first."""
+    recipe = manifest.recipe
+    checked = "every file listed, sizes and sha256 match" if verified else "files listed, sizes match, sha256 not checked"
     lines = [
-        f"bundle      {path}  ({'all files match their sha256' if verified else 'hashes not checked'})",
-        f"format      {manifest['format']} v{manifest['format_version']}, specc {manifest['specc_version']}",
-        f"backend     {manifest['backend']} on {recipe['device']}, precision {recipe['precision']}",
-        f"target      {manifest['models']['target']}",
-        f"draft       {manifest['draft']['method']}" + (f" ({manifest['models']['draft']})" if manifest["models"].get("draft") else "")
-        + (f", prompt lookup first (n-grams {recipe['draft']['min_ngram']}..{recipe['draft']['max_ngram']})"
-           if recipe["draft"].get("lookup") else ""),
-        f"speculation {recipe['speculation']['mode']}, k={recipe['speculation']['k']}",
-        f"limits      max_batch {recipe['limits']['max_batch']}, max_context {recipe['limits']['max_context']}",
-        "versions    " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()),
+        f"id          {manifest.id}  (pin it: specc generate --expect-id ID, specc.load(path, expect_id=ID))",
+        f"bundle      {path}  ({checked})",
+        f"format      {manifest.format} v{manifest.format_version}, specc {manifest.specc_version}",
+        f"backend     {manifest.backend} on {recipe.device}, precision {recipe.precision}",
+        f"target      {manifest.models['target']}",
+        f"draft       {manifest.draft.method}" + (f" ({manifest.models['draft']})" if manifest.models.get("draft") else "")
+        + (f", prompt lookup first (n-grams {recipe.draft.min_ngram}..{recipe.draft.max_ngram})" if recipe.draft.lookup else ""),
+        f"speculation {recipe.speculation.mode}, k={recipe.speculation.k}",
+        f"limits      max_batch {recipe.limits.max_batch}, max_context {recipe.limits.max_context}",
+        "versions    " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items()),
     ]
-    for role, g in manifest["graphs"].items():
-        size = sum(manifest["files"][f"{g['dir']}/{f}"]["bytes"] for f in g["files"] if f"{g['dir']}/{f}" in manifest["files"])
-        lines.append(f"\ngraph {role}: {g['dir']}/{g['entry']} ({size / 1e6:.1f} MB)" + (f", quantize {g['quantize']}" if g.get("quantize") else ""))
-        m = g["model"]
+    for role, g in manifest.graphs.items():
+        size = sum(manifest.files[f"{g.dir}/{f}"].bytes for f in g.files)
+        lines.append(f"\ngraph {role}: {g.dir}/{g.entry} ({size / 1e6:.1f} MB)" + (f", quantize {g.quantize}" if g.quantize else ""))
+        m = g.model
         lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}")
-        for i in g["inputs"]:
-            lines.append(f"  in  {i['name']:<14} {i['dtype']:<8} {i['shape']}")
-        lines.append(f"  out {', '.join(g['outputs'])}")
-        lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g["ranges"].items()))
-        for profile in g.get("profiles", []) + ([g["profile"]] if "profile" in g else []):
-            lines.append(f"  profile   {profile['name']}: " + ", ".join(
-                f"{d} {lo}..{hi} (opt {opt})" for d, (lo, opt, hi) in profile["dims"].items()))
-        if "compute_capability" in g:
-            lines.append(f"  gpu       {g.get('gpu')} (compute capability {g['compute_capability']}), precision {g.get('precision', '-')}")
-        if "op_coverage" in g:
-            c = g["op_coverage"]
-            lines.append(f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
-                         f"operator table: {len(c['unsupported'])} unsupported")
-        if "fallback" in g:
-            f = g["fallback"]
-            lines.append(f"  fallback  {f['tensorrt_engines']} TensorRT engines, {f['torch_fallback_nodes']} nodes left to torch"
-                         + (f" ({', '.join(f['torch_fallback_ops'])})" if f["torch_fallback_ops"] else ""))
-        for note in g.get("passes", []):
+        for i in g.inputs:
+            lines.append(f"  in  {i.name:<14} {i.dtype:<8} {i.shape}")
+        lines.append(f"  out {', '.join(g.outputs)}")
+        lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g.ranges.items()))
+        for note in g.passes:
             lines.append(f"  pass      {note}")
-        if "numerics" in g:
-            lines.append(f"  numerics  {g['numerics']}")
+        for key in ("profiles", "profile", "compute_capability", "op_coverage", "fallback", "numerics"):
+            if key in g.facts:
+                try:
+                    lines += _fact_lines(key, g.facts)
+                except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # backend facts are free-form
+                    lines.append(f"  {key:<9} {str(g.facts[key])[:200]}")
     return "\n".join(lines)
+
+
+def _fact_lines(key: str, g: dict) -> list[str]:
+    if key in ("profiles", "profile"):
+        profiles = g[key] if key == "profiles" else [g[key]]
+        return [f"  profile   {p['name']}: " + ", ".join(f"{d} {lo}..{hi} (opt {opt})" for d, (lo, opt, hi) in p["dims"].items())
+                for p in profiles]
+    if key == "compute_capability":
+        return [f"  gpu       {g.get('gpu')} (compute capability {g['compute_capability']}), precision {g.get('precision', '-')}"]
+    if key == "op_coverage":
+        c = g["op_coverage"]
+        return [f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
+                f"operator table: {len(c['unsupported'])} unsupported"]
+    if key == "fallback":
+        f = g["fallback"]
+        return [f"  fallback  {f['tensorrt_engines']} TensorRT engines, {f['torch_fallback_nodes']} nodes left to torch"
+                + (f" ({', '.join(f['torch_fallback_ops'])})" if f["torch_fallback_ops"] else "")]
+    return [f"  numerics  {g['numerics']}"]
 
 
 def _version(module: str) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import RecipeError
 from ..capture.graph import StepGraph
 from ..heads.exit import ExitAdapter, ExitHead
 from .base import GraphPass, has_output
@@ -39,7 +40,7 @@ class AddEarlyExit(GraphPass):
     def apply(self, graph: StepGraph) -> str:
         n_layers = graph.dims.n_layers
         if not 1 <= self.layer < n_layers:
-            raise ValueError(f"draft.layer must be in [1, {n_layers - 1}] for this {n_layers}-layer target, got {self.layer}")
+            raise RecipeError("draft.layer", f"must be in [1, {n_layers - 1}] for this {n_layers}-layer target, got {self.layer}")
         gm = graph.gm
         head = GatherExitHead(ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"),
                                        graph.head["norm_eps"], graph.head["norm_offset"], self.adapter))

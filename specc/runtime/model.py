@@ -1,6 +1,8 @@
 """SpecModel: a loaded bundle that generates text with speculative rounds (runtime/scheduler.py)."""
 from __future__ import annotations
 
+import dataclasses
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
@@ -8,9 +10,9 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 
 from ..backends import LowerOptions, Runner, get_backend
-from ..bundle import Bundle, open_bundle
+from ..bundle import Bundle, check_code_trust, open_bundle
 from ..capture.shapes import ModelDims
-from ..errors import BundleError, RequestError
+from ..errors import BundleError, RequestError, SpeccError
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, build_drafter
@@ -39,32 +41,30 @@ class SpecModel:
         backend in this process (specc.triton passes one that calls engines served by Triton)."""
         self.bundle = bundle
         m = bundle.manifest
-        recipe = m["recipe"]
-        self.device = torch.device(recipe.get("device", "cpu"))
+        recipe = m.recipe
+        self.device = torch.device(recipe.device)
         self._open_graph = open_graph or open_runner
-        self.max_batch = recipe["limits"]["max_batch"]
-        self.max_context = recipe["limits"]["max_context"]
-        self.k = recipe["speculation"]["k"]
-        spec = recipe["speculation"]
-        self.tree = TreeShape.from_recipe(spec["tree"]) if spec["mode"] == "tree" else None
-        self.defaults = SamplingParams(**recipe["sampling"])
-        self.eos_ids = set(m["tokenizer"]["eos_token_ids"])
-        self.target = Target(self._load_graph("target"), self.bundle.graph("target")["outputs"])
-        self.draft_method = m["draft"]["method"]
+        self.max_batch = recipe.limits.max_batch
+        self.max_context = recipe.limits.max_context
+        self.k = recipe.speculation.k
+        spec = recipe.speculation
+        self.tree = TreeShape.from_recipe(dataclasses.asdict(spec.tree)) if spec.mode == "tree" else None
+        self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
+        self.eos_ids = set(m.tokenizer.eos_token_ids)
+        self.target = Target(self._load_graph("target"), self.bundle.graph("target").outputs)
+        self.draft_method = m.draft.method
         self.drafter = build_drafter(self.draft_method, DraftContext(
-            recipe["draft"], m["draft"].get("graph"), bool(m["draft"].get("shares_target_cache")), self._load_graph,
+            dataclasses.asdict(recipe.draft), m.draft.graph, m.draft.shares_target_cache, self._load_graph,
             self.max_context, self.target.dims.vocab_size))
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(bundle.path / m["tokenizer"]["dir"])
-        self.last_stats = RunStats()
+        self.tokenizer = load_tokenizer(bundle)
+        self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
 
     def _load_graph(self, role: str) -> StepRunner:
         entry = self.bundle.graph(role)
         if entry is None:
             raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
-        return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry["model"]), self.device,
-                          [i["name"] for i in entry["inputs"]])
+        return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry.model), self.device,
+                          [i.name for i in entry.inputs])
 
     @property
     def verify_head(self) -> bool:
@@ -86,34 +86,40 @@ class SpecModel:
         return self.draft_method + ("+lookup" if self.lookup_first else "")
 
     # -- public API -------------------------------------------------------------------
-    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **kwargs) -> list[Completion]:
-        """Generate for every prompt; keyword arguments as in `stream`."""
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **kwargs) -> "Completions":
+        """Generate for every prompt; keyword arguments as in `stream`. The result is a list of
+        Completion (each with its request's stats) whose `.stats` are this call's RunStats."""
         single = isinstance(prompts, str)
         collected: dict[int, list] = {}
         stats: dict[int, dict] = {}
-        for ev in self.stream([prompts] if single else prompts, **kwargs):
+        run = RunStats()
+        for ev in self.stream([prompts] if single else prompts, run_stats=run, **kwargs):
             text, ids, reason = collected.setdefault(ev.index, ["", [], None])
             collected[ev.index] = [text + ev.text, ids + ev.token_ids, ev.finish_reason or reason]
             if ev.stats is not None:
                 stats[ev.index] = ev.stats
-        return [Completion(i, *collected[i], stats=stats[i]) for i in sorted(collected)]
+        return Completions([Completion(i, *collected[i], stats=stats[i]) for i in sorted(collected)], run)
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
-               tree: TreeShape | None = None, chat: bool = False) -> Iterator[StreamEvent]:
+               tree: TreeShape | None = None, chat: bool = False,
+               run_stats: RunStats | None = None) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
         same compiled target without drafting (the in-run baseline). k asks for chain
         speculation of that length, tree for that token tree (bundles compiled for trees);
-        neither: the recipe's speculation.
+        neither: the recipe's speculation. run_stats: a RunStats this call fills (its own figures,
+        safe under concurrent calls); `last_stats` is whichever call started last.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
         scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree)
+        if run_stats is not None:
+            scheduler.stats = run_stats
         for i, ids in enumerate(encoded):
             scheduler.submit(self.new_request(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.lookahead))
         self.last_stats = scheduler.stats
@@ -134,8 +140,13 @@ class SpecModel:
         """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead)."""
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise RequestError(f"seed must be an integer in [0, 2**64 - 1], got {seed!r}")
+        stop = () if stop is None else stop
+        if isinstance(stop, (str, bytes)) or not isinstance(stop, Seq) or not all(isinstance(s, str) and s for s in stop):
             raise RequestError(f"stop must be a list of non-empty strings, got {stop!r}")
+        for s in stop:
+            _check_text(s, "a stop string")
         need = len(prompt_ids) + max_new_tokens + k + 1
         if need > self.max_context:
             raise RequestError(
@@ -156,13 +167,14 @@ class SpecModel:
             if isinstance(p, str):
                 if not p:
                     raise RequestError(f"prompt {i} is empty; give at least one character")
+                _check_text(p, f"prompt {i}")
                 if chat:
                     ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                              tokenize=True, return_dict=False)
                 else:
                     ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
-            elif isinstance(p, Seq) and p and all(isinstance(t, int) for t in p):
-                ids = list(p)
+            elif isinstance(p, Seq) and not isinstance(p, (bytes, bytearray)) and p and all(_is_int(t) for t in p):
+                ids = [int(t) for t in p]
                 bad = [t for t in ids if not 0 <= t < vocab]
                 if bad:
                     raise RequestError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
@@ -174,25 +186,98 @@ class SpecModel:
         return out
 
 
+class Completions(list):
+    """The completions of one `generate` call, in prompt order; `stats` are that call's RunStats."""
+
+    def __init__(self, items: list[Completion], stats: RunStats):
+        super().__init__(items)
+        self.stats = stats
+
+
+MAX_SEED = 2**64 - 1  # a torch generator's seed range (and the Triton interface's UINT64 seed)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} is not valid Unicode text: {exc.reason} at character {exc.start} "
+                           f"({text[exc.start:exc.end]!r}); send UTF-8 text") from None
+
+
 def _seeds(seed, n: int) -> list[int]:
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return [seed + i for i in range(n)]
-    seeds = list(seed) if isinstance(seed, Seq) else []
-    if len(seeds) != n or not all(isinstance(s, int) for s in seeds):
-        raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
-    return seeds
+    if _is_int(seed):
+        seeds = [int(seed) + i for i in range(n)]
+    else:
+        seeds = list(seed) if isinstance(seed, Seq) and not isinstance(seed, (str, bytes)) else []
+        if len(seeds) != n or not all(_is_int(s) for s in seeds):
+            raise RequestError(f"seed must be one int or one int per prompt ({n}), got {seed!r}")
+    if not all(0 <= s <= MAX_SEED for s in seeds):
+        raise RequestError(f"seed must be in [0, 2**64 - 1] (row i uses seed + i), got {seed!r}")
+    return [int(s) for s in seeds]
 
 
 def open_runner(bundle: Bundle, role: str) -> Runner:
-    """Open one graph of a bundle with the bundle's backend, in this process (versions checked)."""
-    backend = get_backend(bundle.manifest["backend"])
-    backend.check_versions(bundle.manifest["versions"])
+    """Open one graph of a bundle with the bundle's backend, in this process (versions and code trust checked).
+
+    The bundle's files were checked by `open_bundle`; a loader that still fails (a file corrupted
+    under --no-verify, an engine this machine cannot run) is a BundleError naming the graph."""
+    m = bundle.manifest
+    check_code_trust(bundle, get_backend(m.backend, check=False).runs_bundle_code)
+    backend = get_backend(m.backend)
+    backend.check_versions(m.versions)
     entry = bundle.graph(role)
-    recipe = bundle.recipe
-    options = LowerOptions(recipe["precision"], recipe.get("device", "cpu"), entry.get("quantize"))
-    return backend.load(bundle.path / entry["dir"], entry, options)
+    options = LowerOptions(m.recipe.precision, m.recipe.device, entry.quantize)
+    where = f"the {role} graph of bundle {bundle.path} ({m.backend}, {entry.dir}/{entry.entry})"
+    try:
+        return CheckedRunner(backend.load(bundle.path / entry.dir, entry.to_dict(), options), where)
+    except SpeccError:
+        raise
+    except Exception as exc:  # loaders raise their own types for unreadable engine files
+        raise BundleError(f"{where} could not be loaded: {type(exc).__name__}: {str(exc)[:300]}. If it was opened "
+                          "with --no-verify, a file may be corrupt: open it with verification") from None
 
 
-def load(path: str | Path, verify: bool = True) -> SpecModel:
-    """Open a bundle (checking every file's sha256 unless verify=False) and load its engines."""
-    return SpecModel(open_bundle(path, verify=verify))
+class CheckedRunner:
+    """A backend's runner whose failures are BundleErrors: an engine that rejects the inputs its
+    manifest declares (a manifest that does not describe its engine) is a bad bundle, not a crash."""
+
+    def __init__(self, runner: Runner, where: str):
+        self.runner, self.where = runner, where
+        self.output_names = runner.output_names
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        try:
+            outputs = self.runner(*inputs)
+        except SpeccError:
+            raise
+        except Exception as exc:  # the engine's own error types (onnxruntime, torch, TensorRT)
+            raise BundleError(f"{self.where} failed on the inputs its manifest declares: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}") from None
+        if len(outputs) != len(self.output_names):
+            raise BundleError(f"{self.where} returned {len(outputs)} outputs; its manifest declares {self.output_names}")
+        return outputs
+
+
+def load_tokenizer(bundle: Bundle):
+    """The bundle's tokenizer (its files were checked with the rest of the bundle)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(bundle.path / bundle.manifest.tokenizer.dir)
+    except Exception as exc:  # transformers raises many types for unreadable tokenizer files
+        raise BundleError(f"the tokenizer of bundle {bundle.path} could not be loaded: {type(exc).__name__}: "
+                          f"{str(exc)[:300]}") from None
+
+
+def load(path: str | Path, verify: bool = True, expect_id: str | None = None, trust_code: bool = False) -> SpecModel:
+    """Open a bundle and load its engines.
+
+    verify: check every file's sha256 (sizes and the file listing are always checked).
+    expect_id: refuse a bundle whose id (`specc inspect`) differs: what production pins.
+    trust_code: allow backends that execute code from the bundle (aoti, torch_tensorrt)."""
+    return SpecModel(open_bundle(path, verify=verify, expect_id=expect_id, trust_code=trust_code))

@@ -12,11 +12,22 @@ of one-hot p and q: accept while the draft equals the target's argmax.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import RequestError
+
+
+MAX_TEMPERATURE = 100.0  # the recipe's sampling.temperature range
+MAX_TOP_K = 2**31 - 1
+
+
+def _is_number(value) -> bool:
+    """A finite real number (bools and NaN/infinity excluded)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -30,12 +41,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> "SamplingParams":
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise RequestError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not _is_number(t) or not 0 <= t <= MAX_TEMPERATURE:
+            raise RequestError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {t!r}")
+        if not (isinstance(k, numbers.Integral) and not isinstance(k, bool)) or not 0 <= k <= MAX_TOP_K:
+            raise RequestError(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 = off), got {k!r}")
+        if not _is_number(p) or not 0 < p <= 1:
+            raise RequestError(f"top_p must be a number in (0, 1] (1 = off), got {p!r}")
         return self
 
 

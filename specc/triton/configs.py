@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+from ..bundle import Manifest
 from ..errors import BundleError
 from .interface import INPUTS, OUTPUTS, TensorSpec
 from .pbtxt import Enum
@@ -17,7 +18,7 @@ _TYPES = {"int64": "TYPE_INT64", "int32": "TYPE_INT32", "float32": "TYPE_FP32", 
           "bfloat16": "TYPE_BF16", "bool": "TYPE_BOOL"}
 
 
-def orchestrator_config(name: str, manifest: dict, parameters: dict[str, str]) -> dict:
+def orchestrator_config(name: str, manifest: Manifest, parameters: dict[str, str]) -> dict:
     """The decoupled python-backend model that clients call (both layouts)."""
     return {
         "name": name,
@@ -31,15 +32,15 @@ def orchestrator_config(name: str, manifest: dict, parameters: dict[str, str]) -
     }
 
 
-def engine_config(name: str, manifest: dict, role: str, engines: str) -> dict:
+def engine_config(name: str, manifest: Manifest, role: str, engines: str) -> dict:
     """A step graph (target or draft) as a Triton model; engines: "native" or "python"."""
-    entry = manifest["graphs"][role]
+    entry = manifest.graph(role).to_dict()
     config: dict = {"name": name}
     if engines == "native":
-        platform = PLATFORMS.get(manifest["backend"])
+        platform = PLATFORMS.get(manifest.backend)
         if platform is None:
             raise BundleError(
-                f"Triton has no platform for {manifest['backend']!r} engines; the split layout with native engines "
+                f"Triton has no platform for {manifest.backend!r} engines; the split layout with native engines "
                 f"needs a bundle compiled for {' or '.join(PLATFORMS)} (or use --engines python, or the in-process layout)"
             )
         config.update(platform=platform, default_model_filename=entry["entry"])
@@ -58,7 +59,9 @@ def engine_config(name: str, manifest: dict, role: str, engines: str) -> dict:
 
 def graph_outputs(entry: dict) -> dict[str, tuple[str, list]]:
     """Output dtypes and shapes of a step graph, from its input signature (the step-graph ABI)."""
-    cache = next(i for i in entry["inputs"] if i["name"] == "k_cache")
+    cache = next((i for i in entry["inputs"] if i["name"] == "k_cache"), None)
+    if cache is None:
+        raise BundleError("the graph has no k_cache input; it is not a step graph that specc triton serves")
     new_kv = ["tokens" if d == "cache" else d for d in cache["shape"]]
     shapes = {"logits": ("float32", ["batch", "rows", entry["model"]["vocab_size"]]),
               "new_k": (cache["dtype"], new_kv), "new_v": (cache["dtype"], new_kv)}
@@ -81,8 +84,8 @@ def _graph_tensor(name: str, dtype: str, shape: list) -> dict:
     return {"name": name, "data_type": Enum(_TYPES[dtype]), "dims": [d if isinstance(d, int) else -1 for d in shape]}
 
 
-def _kind(manifest: dict) -> Enum:
-    return Enum("KIND_GPU" if manifest["recipe"].get("device", "cpu").startswith("cuda") else "KIND_CPU")
+def _kind(manifest: Manifest) -> Enum:
+    return Enum("KIND_GPU" if manifest.recipe.device.startswith("cuda") else "KIND_CPU")
 
 
 def _parameters(values: dict[str, str]) -> list[dict]:

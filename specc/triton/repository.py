@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..version import __version__
-from ..bundle import MANIFEST, open_bundle
+from ..bundle import MANIFEST, Manifest, open_bundle
 from ..errors import SpeccError
-from .configs import PLATFORMS, engine_config, orchestrator_config
+from .configs import PLATFORMS, _parameters, engine_config, orchestrator_config
 from .pbtxt import to_pbtxt
 
 LAYOUTS = ("in-process", "split")
@@ -56,12 +56,16 @@ class RepositoryError(SpeccError):
 
 
 def write_repository(bundle: str | Path, repo: str | Path, name: str | None = None, layout: str = "in-process",
-                     engines: str = "native", force: bool = False, default_max_tokens: int = 64) -> list[ModelPlan]:
+                     engines: str = "native", force: bool = False, default_max_tokens: int = 64,
+                     expect_id: str | None = None, trust_code: bool = False) -> list[ModelPlan]:
     """Write the Triton models that serve `bundle` into `repo`; returns what was written.
 
     engines (split layout): "native" serves the graphs with Triton's onnxruntime_onnx or
     tensorrt_plan platform; "python" with python-backend models running the bundle's backend.
     force: write into a non-empty repository, replacing model directories of the same names.
+    The bundle's id goes into every model's parameters (`bundle_id`): the served models refuse
+    a bundle whose id differs. trust_code: let the served models load backends that run code
+    from the bundle (aoti, torch_tensorrt).
     """
     if layout not in LAYOUTS:
         raise RepositoryError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
@@ -69,7 +73,12 @@ def write_repository(bundle: str | Path, repo: str | Path, name: str | None = No
         raise RepositoryError(f"engines {engines!r} is not one of {', '.join(ENGINES)}")
     if not (isinstance(default_max_tokens, int) and default_max_tokens >= 1):
         raise RepositoryError(f"default max_tokens must be an integer >= 1, got {default_max_tokens!r}")
-    source = open_bundle(bundle)
+    source = open_bundle(bundle, expect_id=expect_id)
+    if trust_code is False:
+        from ..backends import get_backend
+        from ..bundle import check_code_trust
+
+        check_code_trust(source, get_backend(source.manifest.backend, check=False).runs_bundle_code)
     name = name or _default_name(source.path)
     if not _NAME.fullmatch(name):
         raise RepositoryError(f"model name {name!r}: use letters, digits, '_', '.' and '-', starting with a letter or digit")
@@ -79,8 +88,11 @@ def write_repository(bundle: str | Path, repo: str | Path, name: str | None = No
     if repo.exists() and any(repo.iterdir()) and not force:
         raise RepositoryError(f"{repo} exists and is not empty; pass --force to write into it "
                               "(model directories of the same names are replaced, other models are kept)")
-    plans = _plan(source.path, source.manifest, name, layout, engines, default_max_tokens)
-    _write(repo, plans, header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
+    plans = _plan(source.path, source.manifest, name, layout, engines, default_max_tokens, trust_code)
+    try:
+        _write(repo, plans, header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
+    except (OSError, ValueError) as exc:
+        raise RepositoryError(f"cannot write the repository {repo}: {getattr(exc, 'strerror', None) or exc}") from None
     return plans
 
 
@@ -88,36 +100,37 @@ def _default_name(bundle: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", bundle.resolve().name).lstrip("_.-") or "specc"
 
 
-def _plan(bundle: Path, manifest: dict, name: str, layout: str, engines: str, default_max_tokens: int) -> list[ModelPlan]:
-    recipe = manifest["recipe"]
-    params = {"bundle": BUNDLE_DIR, "speculative": "true", "k": str(recipe["speculation"]["k"]),
-              "default_max_tokens": str(default_max_tokens)}
+def _plan(bundle: Path, manifest: Manifest, name: str, layout: str, engines: str, default_max_tokens: int,
+          trust_code: bool = False) -> list[ModelPlan]:
+    recipe = manifest.recipe
+    params = {"bundle": BUNDLE_DIR, "bundle_id": manifest.id, "trust_code": str(bool(trust_code)).lower(),
+              "speculative": "true", "k": str(recipe.speculation.k), "default_max_tokens": str(default_max_tokens)}
+    listed = lambda prefix="": [(bundle / rel, f"{BUNDLE_DIR}/{rel}") for rel in sorted(manifest.files) if rel.startswith(prefix)]
     if layout == "in-process":
         params["verify_bundle"] = "true"
-        files = [(p, f"{BUNDLE_DIR}/{p.relative_to(bundle).as_posix()}") for p in sorted(bundle.rglob("*")) if p.is_file()]
-        return [ModelPlan(name, f"speculative orchestrator + bundle ({manifest['backend']} engines in the python backend)",
+        files = [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")] + listed()
+        return [ModelPlan(name, f"speculative orchestrator + bundle ({manifest.backend} engines in the python backend)",
                           orchestrator_config(name, manifest, params), "InProcessModel", files)]
 
-    roles = ["target"] + ([manifest["draft"]["graph"]] if manifest["draft"].get("graph") else [])
+    roles = ["target"] + ([manifest.draft.graph] if manifest.draft.graph else [])
     engine_names = {role: f"{name}_{role}" for role in roles}
     params.update({f"{role}_model": engine_names[role] for role in roles})
-    tokenizer = bundle / manifest["tokenizer"]["dir"]
     plans = [ModelPlan(name, f"speculative orchestrator; calls {', '.join(engine_names.values())} with BLS",
                        orchestrator_config(name, manifest, params), "SplitModel",
-                       [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")]
-                       + [(p, f"{BUNDLE_DIR}/{p.relative_to(bundle).as_posix()}") for p in sorted(tokenizer.rglob("*")) if p.is_file()])]
+                       [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")] + listed(manifest.tokenizer.dir + "/"))]
     for role in roles:
-        entry = manifest["graphs"][role]
+        entry = manifest.graph(role)
         config = engine_config(engine_names[role], manifest, role, engines)
-        graph_dir = bundle / entry["dir"]
+        graph_dir = bundle / entry.dir
         if engines == "native":
-            files = [(graph_dir / f, f) for f in entry["files"]]
-            plans.append(ModelPlan(engine_names[role], f"{role} step graph ({PLATFORMS[manifest['backend']]}{_opset_note(entry)})",
+            files = [(graph_dir / f, f) for f in entry.files]
+            plans.append(ModelPlan(engine_names[role], f"{role} step graph ({PLATFORMS[manifest.backend]}{_opset_note(entry.to_dict())})",
                                    config, None, files))
         else:
-            files = [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")] + [
-                (graph_dir / f, f"{BUNDLE_DIR}/{entry['dir']}/{f}") for f in entry["files"]]
-            plans.append(ModelPlan(engine_names[role], f"{role} step graph ({manifest['backend']} in the python backend)",
+            config["parameters"] = config.get("parameters", []) + _parameters(
+                {"bundle_id": manifest.id, "trust_code": params["trust_code"]})
+            files = [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")] + listed(entry.dir + "/")
+            plans.append(ModelPlan(engine_names[role], f"{role} step graph ({manifest.backend} in the python backend)",
                                    config, "EngineModel", files))
     return plans
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bundle import Bundle, read_manifest, verify_files
+from ..bundle import Bundle, open_bundle, read_manifest
 from ..runtime.model import SpecModel, load, open_runner
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR
@@ -39,12 +39,16 @@ def _setup(args: dict) -> tuple[dict[str, str], Path]:
     return params, Path(args["model_repository"]) / args["model_version"]
 
 
-def open_partial_bundle(path: Path, prefixes: tuple[str, ...]) -> Bundle:
+def _pins(params: dict[str, str]) -> dict:
+    """open_bundle's expect_id and trust_code from the model's parameters (written by `specc triton`)."""
+    return {"expect_id": params.get("bundle_id") or None, "trust_code": params.get("trust_code", "false") == "true"}
+
+
+def open_partial_bundle(path: Path, prefixes: tuple[str, ...], params: dict[str, str]) -> Bundle:
     """A bundle directory that holds only the manifest's files under `prefixes` (the split layout
-    spreads a bundle over several models); those files are checked against their sha256."""
-    manifest = read_manifest(path)
-    verify_files(path, {"files": {rel: meta for rel, meta in manifest["files"].items() if rel.startswith(prefixes)}})
-    return Bundle(path, manifest)
+    spreads a bundle over several models); its id is checked against the model's `bundle_id`,
+    those files against their sha256, and any file present must be listed."""
+    return open_bundle(path, prefixes=prefixes, **_pins(params))
 
 
 class _OrchestratorModel:
@@ -77,7 +81,7 @@ class InProcessModel(_OrchestratorModel):
     """The whole bundle in this process, on any specc backend."""
 
     def load_model(self, bundle_dir: Path, params: dict[str, str]) -> SpecModel:
-        return load(bundle_dir, verify=params.get("verify_bundle", "true") == "true")
+        return load(bundle_dir, verify=params.get("verify_bundle", "true") == "true", **_pins(params))
 
 
 class SplitModel(_OrchestratorModel):
@@ -85,10 +89,10 @@ class SplitModel(_OrchestratorModel):
 
     def load_model(self, bundle_dir: Path, params: dict[str, str]) -> SpecModel:
         manifest = read_manifest(bundle_dir)
-        bundle = open_partial_bundle(bundle_dir, (manifest["tokenizer"]["dir"] + "/",))
-        roles = ["target"] + ([manifest["draft"]["graph"]] if manifest["draft"].get("graph") else [])
+        bundle = open_partial_bundle(bundle_dir, (manifest.tokenizer.dir + "/",), params)
+        roles = ["target"] + ([manifest.draft.graph] if manifest.draft.graph else [])
         engines = {role: params[f"{role}_model"] for role in roles}
-        device = torch.device(manifest["recipe"].get("device", "cpu"))
+        device = torch.device(manifest.recipe.device)
         return SpecModel(bundle, open_graph=lambda b, role: BLSRunner(self.pb, engines[role], b.graph(role), device))
 
 
@@ -97,8 +101,8 @@ class BLSRunner:
 
     def __init__(self, pb, model_name: str, entry: dict, device: torch.device):
         self.pb, self.model_name, self.device = pb, model_name, device
-        self.input_names = [i["name"] for i in entry["inputs"]]
-        self.output_names = list(entry["outputs"])
+        self.input_names = [i.name for i in entry.inputs]
+        self.output_names = list(entry.outputs)
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         pb = self.pb
@@ -118,12 +122,12 @@ class EngineModel:
         params, version_dir = _setup(args)
         bundle_dir = version_dir / params.get("bundle", BUNDLE_DIR)
         role = params["role"]
-        entry = read_manifest(bundle_dir)["graphs"][role]
-        bundle = open_partial_bundle(bundle_dir, (entry["dir"] + "/",))
+        entry = read_manifest(bundle_dir).graph(role)
+        bundle = open_partial_bundle(bundle_dir, (entry.dir + "/",), params)
         self.runner = open_runner(bundle, role)
-        self.device = torch.device(bundle.recipe.get("device", "cpu"))
-        self.input_names = [i["name"] for i in entry["inputs"]]
-        self.output_names = list(entry["outputs"])
+        self.device = torch.device(bundle.recipe.device)
+        self.input_names = [i.name for i in entry.inputs]
+        self.output_names = list(entry.outputs)
 
     def execute(self, requests: list) -> list:
         return [self._run(request) for request in requests]

@@ -82,6 +82,9 @@ def derive_draft(target: str | Path, path: str | Path, layers: int | None = None
     if layers is not None:
         model.model.layers = model.model.layers[:layers]
         model.config.num_hidden_layers = layers
+        for per_layer in ("layer_types", "no_rope_layers"):  # per-layer config lists shrink with the layers
+            if getattr(model.config, per_layer, None) is not None:
+                setattr(model.config, per_layer, getattr(model.config, per_layer)[:layers])
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -34,19 +34,29 @@ class ExitHead(nn.Module):
     """Gather the requested positions, then (adapter), final norm and LM head: the target's own head."""
 
     def __init__(self, norm_weight: nn.Parameter, lm_head_weight: nn.Parameter, eps: float, offset: float,
-                 adapter: ExitAdapter | None):
+                 adapter: ExitAdapter | None, norm_bias: nn.Parameter | None = None, logits_divisor: float | None = None,
+                 final_softcap: float | None = None):
         super().__init__()
-        self.norm_weight, self.lm_head_weight = norm_weight, lm_head_weight
+        self.norm_weight, self.lm_head_weight, self.norm_bias = norm_weight, lm_head_weight, norm_bias
         self.eps, self.offset, self.adapter = eps, offset, adapter
+        self.logits_divisor, self.final_softcap = logits_divisor, final_softcap
 
     def forward(self, hidden: torch.Tensor, logit_index: torch.Tensor) -> torch.Tensor:
         b, r = logit_index.shape
         h = torch.gather(hidden, 1, logit_index[:, :, None].expand(b, r, hidden.shape[-1]))
         if self.adapter is not None:
             h = self.adapter(h)
-        weight = self.norm_weight.float() + self.offset if self.offset else self.norm_weight.float()
-        h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps).to(hidden.dtype)
-        return F.linear(h, self.lm_head_weight).float()
+        if self.norm_bias is not None:  # a LayerNorm family (StarCoder2)
+            h = F.layer_norm(h, (h.shape[-1],), self.norm_weight, self.norm_bias, self.eps)
+        else:
+            weight = self.norm_weight.float() + self.offset if self.offset else self.norm_weight.float()
+            h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps).to(hidden.dtype)
+        logits = F.linear(h, self.lm_head_weight).float()
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
 
 class AddEarlyExit(GraphPass):
@@ -64,8 +74,10 @@ class AddEarlyExit(GraphPass):
         if not 1 <= self.layer < n_layers:
             raise ValueError(f"draft.layer must be in [1, {n_layers - 1}] for this {n_layers}-layer target, got {self.layer}")
         gm = graph.gm
-        head = ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"),
-                        graph.head["norm_eps"], graph.head["norm_offset"], self.adapter)
+        facts = graph.head
+        bias = gm.get_parameter("norm.bias") if facts.get("norm_kind") == "layer" else None
+        head = ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"), facts["norm_eps"],
+                        facts["norm_offset"], self.adapter, bias, facts.get("logits_divisor"), facts.get("final_softcap"))
         gm.add_submodule("exit_head", head)
         hidden = graph.module_output(f"layers.{self.layer - 1}")
         index = graph.placeholder("logit_index")

@@ -79,6 +79,9 @@ def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
             c = g["op_coverage"]
             lines.append(f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
                          f"operator table: {len(c['unsupported'])} unsupported")
+        if "fused_ops" in g:
+            lines.append("  fused ops " + ", ".join(f"{op} x{n}" for op, n in g["fused_ops"].items())
+                         + " (the capture line below says how many sites each could cover)")
         if "fallback" in g:
             f = g["fallback"]
             lines.append(f"  fallback  {f['tensorrt_engines']} TensorRT engines, {f['torch_fallback_nodes']} nodes left to torch"

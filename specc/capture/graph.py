@@ -51,6 +51,7 @@ def capture(role: str, hf_model: torch.nn.Module, ranges: DimRanges) -> "StepGra
     inputs = [InputSpec(name, examples[name], dict(AXES[name])) for name in INPUT_NAMES]
     ep = export_module(decoder, inputs, ranges)
     graph = StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)
+    graph.notes.append(decoder.capture_note())
     graph.head = {**norm_facts(decoder.norm), "hidden_size": hf_model.config.hidden_size, "family": decoder.family,
                   "logits_divisor": decoder.logits_divisor, "final_softcap": decoder.final_softcap}
     return graph

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..errors import ModelError
 from .blocks.attention import StepAttention
-from .blocks.norms import step_norm
+from .blocks.norms import StepRMSNorm, step_norm
 from .blocks.rope import ropes_of
 from .families import Family, family_for, supported_model_types
 
@@ -113,6 +113,10 @@ class StepDecoder(nn.Module):
         self.embed_tokens = base.embed_tokens
         self.embedding_multiplier = family.config_value(cfg, family.embedding_multiplier)
         self.rotary = ropes_of(base.rotary_emb, cfg, family.interleaved_rope)
+        self.rotary_fallback = ", ".join(
+            ([f"partial ({self.rotary_dim()} of {self.head_dim} dims)"] if self.rotary_dim() < self.head_dim else [])
+            + (["interleaved"] if family.interleaved_rope else [])
+            + (["longrope per-token factors"] if any(r.long for r in self.rotary.values()) else []))
         self.causal_mask = CausalMask()
         softcap = family.config_value(cfg, family.attn_softcap)
         self.layers = nn.ModuleList(
@@ -126,6 +130,27 @@ class StepDecoder(nn.Module):
         self.lm_head = hf_model.lm_head
         self.logits_divisor = family.config_value(cfg, family.logits_divisor)
         self.final_softcap = family.config_value(cfg, family.final_softcap)
+
+    def rotary_dim(self) -> int:
+        return 2 * int(next(iter(self.rotary.values())).inv_freq.shape[0])
+
+    def capture_note(self) -> str:
+        """Where this family's graph can use the fused opset-23 operators, and where it cannot (for inspect)."""
+        norms = [m for m in self.modules() if isinstance(m, StepRMSNorm)]
+        layer_norms = [m for m in self.modules() if isinstance(m, nn.LayerNorm)]
+        rope_layers = [layer for layer in self.layers if layer.self_attn.use_rope]
+        capped = [layer for layer in self.layers if layer.self_attn.softcap is not None]
+        sites = [f"Attention {len(self.layers) - len(capped)}", f"RotaryEmbedding {2 * len(rope_layers)}",
+                 f"RMSNormalization {len(norms)}" if norms else f"LayerNormalization {len(layer_norms)}"]
+        why = []
+        if capped:
+            why.append(f"attention soft-capping is MatMul/Tanh/Softmax on {len(capped)} of {len(self.layers)} layers")
+        if rope_layers and self.rotary_fallback:
+            why.append(f"rope {self.rotary_fallback}: elementwise ops, no RotaryEmbedding")
+        windows = sum(1 for w in self.windows if w)
+        text = f"capture: family {self.family}; fused-operator sites: {', '.join(sites)}"
+        text += f"; sliding window on {windows} of {len(self.layers)} layers (mask)" if windows else ""
+        return text + (f"; fallbacks: {'; '.join(why)}" if why else "")
 
     def attention_mask(self, new_mask, position_ids, cache_len, cache_slots: int, window: int | None):
         """`[B, T, S+T]` bool: valid cache slots then `new_mask`, both inside the sliding window if any."""

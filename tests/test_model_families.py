@@ -144,3 +144,61 @@ def test_unsupported_configs_are_named():
     cfg = tiny_config("gemma3", use_bidirectional_attention=True)
     with pytest.raises(ModelError, match="use_bidirectional_attention"):
         family_for(cfg)
+
+
+TREE = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 8}}
+
+
+def _drafter(kind: str, target, root) -> tuple[dict, dict]:
+    """(draft section, speculation section) of a recipe for drafter `kind`."""
+    if kind in ("model", "tree"):
+        draft = {"method": "model", "model": str(derive_draft(target, root / "draft", layers=1))}
+        return draft, (TREE if kind == "tree" else {"k": 3})
+    return {"quantized": {"method": "quantized", "quantize": "int8"},
+            "early_exit": {"method": "early_exit", "layer": 1},
+            "prompt_lookup": {"method": "prompt_lookup", "max_ngram": 2}}[kind], {"k": 3}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch", "aoti"])
+@pytest.mark.parametrize("drafter", ["model", "tree", "quantized", "early_exit", "prompt_lookup"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_drafter_backend_matrix(name, drafter, backend, tmp_path):
+    """Every family x drafter x CPU backend: speculative greedy == target-only greedy, target-only
+    == HF greedy (prompts and output past the sliding windows, rows of different lengths)."""
+    if drafter == "quantized" and backend != "onnxruntime":
+        pytest.skip("quantised drafts are an ONNX Runtime feature")
+    target = make_tiny_model(tmp_path / "target", arch=name, layers=2)
+    draft, speculation = _drafter(drafter, target, tmp_path)
+    bundle = build_bundle(tmp_path / "bundle", target, draft, backend=backend, speculation=speculation,
+                          limits={"max_batch": 4, "max_context": 64})
+    model = specc.load(bundle)
+    prompts = [p * 2 for p in prompts_of(8, seed=2)]  # repeats give prompt lookup something to find
+    fast = model.generate(prompts, max_new_tokens=N_NEW)
+    slow = model.generate(prompts, max_new_tokens=N_NEW, speculative=False)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+    hf = load_hf(target, name)
+    for prompt, c in zip(prompts, slow):
+        ref = hf_greedy(hf, prompt, N_NEW)
+        assert c.token_ids == ref[:len(c.token_ids)] and (len(c.token_ids) == N_NEW or c.token_ids[-1] == 256)
+
+
+def test_models_check_cli(tmp_path, capsys):
+    """`specc models check` reads config.json only: the family, or exactly what is missing (exit 2)."""
+    import json
+
+    from specc.cli import main
+    from specc.model_check import families_table
+
+    tiny_config("gemma3").save_pretrained(tmp_path / "gemma3")  # a config without weights
+    assert main(["models", "check", str(tmp_path / "gemma3")]) == 0
+    out = capsys.readouterr().out
+    assert "family gemma3" in out and "sliding window 8 on 1 of 2 layers" in out
+    (tmp_path / "mla.json").write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 64}))
+    assert main(["models", "check", str(tmp_path / "mla.json")]) == 2
+    assert "multi-head latent attention" in capsys.readouterr().err
+    (tmp_path / "new.json").write_text(json.dumps({"model_type": "brand_new"}))
+    assert main(["models", "check", str(tmp_path / "new.json")]) == 2
+    assert "unknown model_type 'brand_new'; supported: llama" in capsys.readouterr().err
+    assert main(["models", "check", str(tmp_path / "nowhere")]) == 2
+    assert all(f"| {f.title} |" in families_table() for f in FAMILIES.values())

@@ -54,9 +54,13 @@ def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hid
 def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config) -> Path:
     """Write a random model + byte tokenizer to `path`; logit_scale multiplies the LM head
     (peakier distributions for statistical tests)."""
+    return _save(tiny_model(arch, seed, logit_scale, **config), path)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config):
+    """The random model `make_tiny_model` writes, in memory (eval mode)."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **config)).eval()
     with torch.no_grad():
@@ -66,7 +70,8 @@ def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_
             else:
                 p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
         model.lm_head.weight.mul_(logit_scale)
-    return _save(model, path)
+    model.generation_config.eos_token_id = model.config.eos_token_id
+    return model
 
 
 def derive_draft(target: str | Path, path: str | Path, layers: int | None = None, perturb: float = 0.0,

@@ -4,7 +4,7 @@ Default run (eager, cheap): the step decoder's logits equal HF's incremental dec
 batched greedy output (rows of different lengths, generations longer than the sliding windows)
 equals `generate` over 8 prompts, for every family and a few config variants. Compiled through
 ONNX Runtime with speculation: a few representative families here; every family x drafter x
-CPU backend behind `slow`.
+CPU backend behind `slow` and `heavy` (not in the default run: `pytest -m slow tests/test_model_families.py`).
 """
 from __future__ import annotations
 
@@ -183,6 +183,7 @@ def _drafter(kind: str, target, root) -> tuple[dict, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch", "aoti"])
 @pytest.mark.parametrize("drafter", ["model", "tree", "quantized", "early_exit", "prompt_lookup"])
 @pytest.mark.parametrize("name", list(FAMILIES))

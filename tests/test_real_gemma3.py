@@ -13,7 +13,7 @@ from specc.compiler import compile_recipe
 from specc.models.load import load_model
 from specc.recipe import parse_recipe
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]  # minutes: not in the default run (-m real_model)
 
 NAME = "gemma3-270m"
 PROMPTS = ["def fibonacci(n):\n", "The capital of France is", "import os\n\ndef list_files(root):\n",

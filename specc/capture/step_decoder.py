@@ -106,7 +106,6 @@ class StepDecoder(nn.Module):
         self.head_dim = head_dims.pop() or cfg.hidden_size // self.n_heads
         self.vocab_size = cfg.vocab_size
         self.windows = family.sliding_windows(cfg)[: self.n_layers]
-        self.sliding_window = max((w for w in self.windows if w), default=None)
         self.rope_keys = family.rope_keys(cfg)[: self.n_layers]
         use_rope = family.rope_layers(cfg) if family.rope_layers else [True] * self.n_layers
 

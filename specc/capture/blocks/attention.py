@@ -81,9 +81,11 @@ class StepAttention(nn.Module):
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         sink = self.sinks.to(q.dtype)[None, :, None, None].expand(b, self.n_heads, t, 1)
         bias = torch.cat([sink, bias[:, None].expand(b, self.n_heads, t, -1)], dim=-1)
-        return F.scaled_dot_product_attention(q, torch.cat([zero, keys], dim=2), torch.cat([zero, values], dim=2),
-                                              attn_mask=bias, scale=self.scale,
-                                              enable_gqa=self.n_heads != self.n_kv_heads)
+        out = F.scaled_dot_product_attention(q, torch.cat([zero, keys], dim=2), torch.cat([zero, values], dim=2),
+                                             attn_mask=bias, scale=self.scale, enable_gqa=self.n_heads != self.n_kv_heads)
+        # the eager CPU kernel returns a [B, T, H, D] memory layout, the decomposed one [B, H, T, D]: fix it, so
+        # the head merge after this traces as a copy that is valid for both
+        return out.clone(memory_format=torch.contiguous_format)
 
     def softcapped(self, q, keys, values, mask):
         groups = self.n_heads // self.n_kv_heads

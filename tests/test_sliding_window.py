@@ -16,7 +16,7 @@ import specc
 from conftest import build_bundle
 from specc.capture.step_decoder import StepDecoder
 from specc.testing import derive_draft, make_tiny_model
-from test_model_families import hf_greedy, load_hf, step_greedy
+from test_model_families import assert_prefix_until_eos, hf_greedy, load_hf, step_greedy
 
 WINDOW = 4
 
@@ -37,7 +37,7 @@ def test_window_masks_new_tokens_in_a_long_prefill(tmp_path):
         torch.testing.assert_close(logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["gemma3"])
 def test_window_eager_batched_long_generation(arch, tmp_path):
     """Rows of 1-12 prompt tokens decoded together for 24 tokens (6 windows) equal HF generate row by row."""
     hf = load_hf(make_tiny_model(tmp_path / "m", arch=arch, layers=2, sliding_window=WINDOW), arch)
@@ -64,4 +64,4 @@ def test_window_tree_speculation_matches_target_only_and_hf(tmp_path):
     hf = load_hf(target, "gemma3")
     for prompt, c in zip(prompts, slow):
         ref = hf_greedy(hf, prompt, 24)
-        assert c.token_ids == ref[:len(c.token_ids)] and (len(c.token_ids) == 24 or c.token_ids[-1] == 256)
+        assert_prefix_until_eos(c.token_ids, ref)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "qwen2", "mistral", "qwen3", "gemma")
+from .capture.families import FAMILIES
+
+ARCHS = tuple(FAMILIES)  # one tiny random config per registered model family
 
 
 def byte_tokenizer():
@@ -30,15 +32,20 @@ def byte_tokenizer():
 
 
 def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hidden: int = 64, heads: int = 4,
-                kv_heads: int = 2, max_positions: int = 4096):
+                kv_heads: int = 2, max_positions: int = 4096, **overrides):
+    """A tiny config of family `arch` (its `Family.tiny` traits switched on); `overrides` win."""
     from transformers import AutoConfig
 
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}; choose from {ARCHS}")
-    extra = {"head_dim": hidden // heads} if arch in ("qwen3", "gemma") else {}
+    family = FAMILIES[arch]
+    extra = {**family.tiny, **overrides}
+    if "layer_types" in extra:  # a repeating pattern, stretched to the layer count
+        pattern = extra["layer_types"]
+        extra["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
     eos = 256 if vocab_size > 256 else None  # small-vocab models (statistical tests) never stop
     return AutoConfig.for_model(
-        arch, vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        family.model_types[0], vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         tie_word_embeddings=False, eos_token_id=eos, bos_token_id=None, pad_token_id=eos, **extra,
     )
@@ -47,19 +54,24 @@ def tiny_config(arch: str = "llama", vocab_size: int = 260, layers: int = 2, hid
 def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config) -> Path:
     """Write a random model + byte tokenizer to `path`; logit_scale multiplies the LM head
     (peakier distributions for statistical tests)."""
+    return _save(tiny_model(arch, seed, logit_scale, **config), path)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config):
+    """The random model `make_tiny_model` writes, in memory (eval mode)."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:  # Gemma norms scale by (1 + w), the others by w
-                p.normal_(0.0 if arch == "gemma" else 1.0, 0.05)
+            if "norm" in name and name.endswith("weight"):  # Gemma norms scale by (1 + w), the others by w
+                p.normal_(1.0 - FAMILIES[arch].norm_offset, 0.05)
             else:
                 p.normal_(0.0, 0.2 if p.dim() > 1 else 0.05)
         model.lm_head.weight.mul_(logit_scale)
-    return _save(model, path)
+    model.generation_config.eos_token_id = model.config.eos_token_id
+    return model
 
 
 def derive_draft(target: str | Path, path: str | Path, layers: int | None = None, perturb: float = 0.0,
@@ -75,6 +87,9 @@ def derive_draft(target: str | Path, path: str | Path, layers: int | None = None
     if layers is not None:
         model.model.layers = model.model.layers[:layers]
         model.config.num_hidden_layers = layers
+        for per_layer in ("layer_types", "no_rope_layers"):  # per-layer config lists shrink with the layers
+            if getattr(model.config, per_layer, None) is not None:
+                setattr(model.config, per_layer, getattr(model.config, per_layer)[:layers])
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

@@ -63,5 +63,8 @@ def test_logit_index_selects_positions(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "m")).eval()
     hf.config.model_type = "gpt2"
-    with pytest.raises(ModelError, match="gpt2.*supported: llama"):
+    with pytest.raises(ModelError, match="'gpt2' cannot be compiled: unsupported position encoding"):
+        StepDecoder(hf)
+    hf.config.model_type = "bert"
+    with pytest.raises(ModelError, match="unknown model_type 'bert'; supported: llama, mistral"):
         StepDecoder(hf)

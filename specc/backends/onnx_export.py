@@ -61,3 +61,16 @@ def opset_of(path: Path) -> int:
 
     model = onnx.load(str(path), load_external_data=False)
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+FUSED_OPS = ("Attention", "RMSNormalization", "RotaryEmbedding", "LayerNormalization")
+
+
+def fused_op_counts(path: Path) -> dict[str, int]:
+    """How many of the fused opset-23 operators an ONNX file uses (main graph and local functions);
+    `specc inspect` sets them beside the sites the capture expected, so fallbacks show."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
+    return {op: sum(n.op_type == op for n in nodes) for op in FUSED_OPS}

@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import LowerOptions, check_engine_matches, require_version
-from .onnx_export import export_onnx, opset_of
+from .onnx_export import export_onnx, fused_op_counts, opset_of
 
 FILE = "model.onnx"
 QUANTIZED_FILES = {"int8": "model.int8.onnx", "int4": "model.int4.onnx"}
@@ -48,7 +48,8 @@ class OnnxRuntimeBackend:
                 (out_dir / name).unlink()
             files = sorted(p.name for p in out_dir.iterdir())
         versions = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-        return {"entry": entry, "files": files, "versions": versions, "opset": opset_of(out_dir / entry)}
+        return {"entry": entry, "files": files, "versions": versions, "opset": opset_of(out_dir / entry),
+                "fused_ops": fused_op_counts(out_dir / entry)}
 
     def check_versions(self, recorded: dict) -> None:
         import onnxruntime

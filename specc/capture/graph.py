@@ -11,6 +11,7 @@ import torch
 from torch.export import Dim, ExportedProgram
 from torch.fx import GraphModule, Node
 
+from .blocks.norms import norm_facts
 from .shapes import AXES, DimRanges, ModelDims, example_inputs
 from .step_decoder import INPUT_NAMES, OUTPUT_NAMES, StepDecoder
 
@@ -50,8 +51,9 @@ def capture(role: str, hf_model: torch.nn.Module, ranges: DimRanges) -> "StepGra
     inputs = [InputSpec(name, examples[name], dict(AXES[name])) for name in INPUT_NAMES]
     ep = export_module(decoder, inputs, ranges)
     graph = StepGraph.from_exported(role, ep, inputs, list(OUTPUT_NAMES), ranges, dims)
-    graph.head = {"norm_eps": decoder.norm.eps, "norm_offset": decoder.norm.offset,
-                  "hidden_size": hf_model.config.hidden_size}
+    graph.notes.append(decoder.capture_note())
+    graph.head = {**norm_facts(decoder.norm), "hidden_size": hf_model.config.hidden_size, "family": decoder.family,
+                  "logits_divisor": decoder.logits_divisor, "final_softcap": decoder.final_softcap}
     return graph
 
 
@@ -66,7 +68,8 @@ class StepGraph:
     ranges: DimRanges
     dims: ModelDims
     notes: list[str] = field(default_factory=list)  # what each pass did, for the manifest
-    head: dict = field(default_factory=dict)  # final-norm facts (eps, offset, hidden size) for head-adding passes
+    head: dict = field(default_factory=dict)  # final-norm and logit facts (norm kind, eps, offset, hidden size,
+    # logits divisor, final soft-cap) for head-adding passes
 
     @classmethod
     def from_exported(cls, role: str, ep: ExportedProgram, inputs: list[InputSpec], outputs: list[str],

@@ -1,6 +1,6 @@
 """The step graph: one forward over T new tokens against a read-only KV cache.
 
-ABI (see docs/architecture.md):
+ABI (see docs/architecture.md), the same for every model family:
 
 inputs
   input_ids    [B, T]  int64   new tokens (right-padded per row)
@@ -17,21 +17,28 @@ outputs
 The runtime owns the cache: it copies the accepted tokens' new_k/new_v into it and
 advances cache_len. The graph never writes an input, so every backend can run it.
 
-The module reuses the Hugging Face model's own submodules and weights (embedding, MLPs,
-projections, rotary tables). Attention with an explicit cache is rewritten here, and
-attention and RMSNorm are written as `scaled_dot_product_attention` and `rms_norm` so that
-exporters can lower each to one fused operator (ONNX opset 23 Attention and
+The decoder is assembled from the model's `Family` (capture/families/) over the Hugging Face
+model's own submodules and weights (embedding, projections, MLPs, rotary frequencies).
+Attention with an explicit cache is rewritten (capture/blocks/), as one
+`scaled_dot_product_attention` call and RMSNorm as one `rms_norm` call wherever the family
+allows, so that exporters lower each to one fused operator (ONNX opset 23 Attention and
 RMSNormalization) instead of dozens of elementwise nodes.
+
+Sliding windows are masks: slot s is visible to a query at position p when s > p - window.
+The cache is not a ring buffer, so a window layer's cache holds every slot like a global one.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelError
+from .blocks.attention import StepAttention
+from .blocks.norms import StepRMSNorm, step_norm
+from .blocks.rope import ropes_of
+from .families import Family, family_for, supported_model_types
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+SUPPORTED_MODEL_TYPES = supported_model_types()
 
 INPUT_NAMES = ("input_ids", "position_ids", "cache_len", "logit_index", "k_cache", "v_cache")
 OUTPUT_NAMES = ("logits", "new_k", "new_v")
@@ -49,73 +56,33 @@ class CausalMask(nn.Module):
         return torch.tril(ones).unsqueeze(0).expand(b, t, t)
 
 
-class StepRMSNorm(nn.Module):
-    """The model's RMSNorm as one `rms_norm` call, computed in float32.
+class StepLayer(nn.Module):
+    """One decoder layer: x += r * post_attn(attn(pre_attn(x))); x += r * post_mlp(mlp(pre_mlp(x))).
 
-    Gemma-style norms scale by (1 + w); `offset` carries that.
+    Absent norms are skipped (Llama has pre norms only, OLMo 2 post norms only, Gemma 2/3 and
+    GLM-4 both); r is the residual multiplier (Granite) or 1.
     """
 
-    def __init__(self, hf_norm: nn.Module, offset: float = 0.0):
+    def __init__(self, family: Family, config, index: int, hf_layer: nn.Module, attention: StepAttention):
         super().__init__()
-        self.weight = hf_norm.weight
-        self.eps = float(getattr(hf_norm, "variance_epsilon", getattr(hf_norm, "eps", 1e-6)))
-        self.offset = offset
+        for slot in ("pre_attn_norm", "post_attn_norm", "pre_mlp_norm", "post_mlp_norm"):
+            attr = getattr(family, slot)
+            setattr(self, slot, step_norm(getattr(hf_layer, attr), family.norm_offset) if attr else None)
+        self.self_attn = attention
+        self.mlp = family.mlp(hf_layer.mlp, config, index) if family.mlp else hf_layer.mlp
+        self.residual_multiplier = family.config_value(config, family.residual_multiplier)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight.float() + self.offset if self.offset else self.weight.float()
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class StepAttention(nn.Module):
-    """Grouped-query attention over `[cache ; new]` keys with an explicit mask."""
-
-    def __init__(self, hf_attn: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int, norm_offset: float):
-        super().__init__()
-        self.q_proj, self.k_proj = hf_attn.q_proj, hf_attn.k_proj
-        self.v_proj, self.o_proj = hf_attn.v_proj, hf_attn.o_proj
-        self.q_norm = StepRMSNorm(hf_attn.q_norm, norm_offset) if hasattr(hf_attn, "q_norm") else None
-        self.k_norm = StepRMSNorm(hf_attn.k_norm, norm_offset) if hasattr(hf_attn, "k_norm") else None
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = getattr(hf_attn, "scaling", head_dim**-0.5)
+    def residual(self, x, y, post):
+        if post is not None:
+            y = post(y)
+        return x + (y * self.residual_multiplier if self.residual_multiplier is not None else y)
 
     def forward(self, x, cos, sin, mask, k_cache, v_cache):
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-
-        keys = torch.cat([k_cache, k], dim=2)  # [B, Hkv, S+T, D]
-        values = torch.cat([v_cache, v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], scale=self.scale,
-                                             enable_gqa=self.n_heads != self.n_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), k, v
-
-
-class StepLayer(nn.Module):
-    """One pre-norm decoder layer around the model's own norms and MLP."""
-
-    def __init__(self, hf_layer: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int, norm_offset: float):
-        super().__init__()
-        self.input_layernorm = StepRMSNorm(hf_layer.input_layernorm, norm_offset)
-        self.post_attention_layernorm = StepRMSNorm(hf_layer.post_attention_layernorm, norm_offset)
-        self.self_attn = StepAttention(hf_layer.self_attn, n_heads, n_kv_heads, head_dim, norm_offset)
-        self.mlp = hf_layer.mlp
-
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
-        attn, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache)
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        h = self.pre_attn_norm(x) if self.pre_attn_norm is not None else x
+        attn, k, v = self.self_attn(h, cos, sin, mask, k_cache, v_cache)
+        x = self.residual(x, attn, self.post_attn_norm)
+        h = self.pre_mlp_norm(x) if self.pre_mlp_norm is not None else x
+        x = self.residual(x, self.mlp(h), self.post_mlp_norm)
         return x, k, v
 
 
@@ -125,45 +92,92 @@ class StepDecoder(nn.Module):
     def __init__(self, hf_model: nn.Module):
         super().__init__()
         cfg = hf_model.config
-        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
-                f"model_type {cfg.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        family = family_for(cfg)
+        self.family = family.name
         base = hf_model.model
-        self.n_layers = cfg.num_hidden_layers
+        hf_layers = list(base.layers)
+        self.n_layers = len(hf_layers)
         self.n_heads = cfg.num_attention_heads
         self.n_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        head_dims = {int(getattr(layer.self_attn, "head_dim", 0)) for layer in hf_layers}
+        if len(head_dims) != 1:
+            raise ModelError(f"layers of this {family.title} model have head sizes {sorted(head_dims)}; the KV cache "
+                             "[L, B, H, S, D] holds one head_dim for all layers")
+        self.head_dim = head_dims.pop() or cfg.hidden_size // self.n_heads
         self.vocab_size = cfg.vocab_size
-        self.sliding_window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-        self.embed_tokens = base.embed_tokens
-        self.rotary_emb = base.rotary_emb
-        self.causal_mask = CausalMask()
-        offset = 1.0 if cfg.model_type == "gemma" else 0.0
-        self.layers = nn.ModuleList(
-            StepLayer(layer, self.n_heads, self.n_kv_heads, self.head_dim, offset) for layer in base.layers
-        )
-        self.norm = StepRMSNorm(base.norm, offset)
-        self.lm_head = hf_model.lm_head
+        self.windows = family.sliding_windows(cfg)[: self.n_layers]
+        self.rope_keys = family.rope_keys(cfg)[: self.n_layers]
+        use_rope = family.rope_layers(cfg) if family.rope_layers else [True] * self.n_layers
 
-    def attention_mask(self, new_mask, position_ids, cache_len, cache_slots: int):
-        """`[B, T, S+T]` bool: valid cache slots (inside the sliding window) then `new_mask`."""
+        self.embed_tokens = base.embed_tokens
+        self.embedding_multiplier = family.config_value(cfg, family.embedding_multiplier)
+        self.rotary = ropes_of(base.rotary_emb, cfg, family.interleaved_rope)
+        self.rotary_fallback = ", ".join(
+            ([f"partial ({self.rotary_dim()} of {self.head_dim} dims)"] if self.rotary_dim() < self.head_dim else [])
+            + (["interleaved"] if family.interleaved_rope else [])
+            + (["longrope per-token factors"] if any(r.long for r in self.rotary.values()) else []))
+        self.causal_mask = CausalMask()
+        softcap = family.config_value(cfg, family.attn_softcap)
+        self.layers = nn.ModuleList(
+            StepLayer(family, cfg, i, layer, StepAttention(
+                layer.self_attn, self.n_heads, self.n_kv_heads, self.head_dim, fused_qkv=family.fused_qkv,
+                qk_norm=family.qk_norm, norm_offset=family.norm_offset, use_rope=use_rope[i],
+                interleaved_rope=family.interleaved_rope, softcap=softcap, sinks=family.sinks))
+            for i, layer in enumerate(hf_layers)
+        )
+        self.norm = step_norm(base.norm, family.norm_offset)
+        self.lm_head = hf_model.lm_head
+        self.logits_divisor = family.config_value(cfg, family.logits_divisor)
+        self.final_softcap = family.config_value(cfg, family.final_softcap)
+
+    def rotary_dim(self) -> int:
+        return 2 * int(next(iter(self.rotary.values())).inv_freq.shape[0])
+
+    def capture_note(self) -> str:
+        """Where this family's graph can use the fused opset-23 operators, and where it cannot (for inspect)."""
+        norms = [m for m in self.modules() if isinstance(m, StepRMSNorm)]
+        layer_norms = [m for m in self.modules() if isinstance(m, nn.LayerNorm)]
+        rope_layers = [layer for layer in self.layers if layer.self_attn.use_rope]
+        capped = [layer for layer in self.layers if layer.self_attn.softcap is not None]
+        sites = [f"Attention {len(self.layers) - len(capped)}", f"RotaryEmbedding {2 * len(rope_layers)}",
+                 f"RMSNormalization {len(norms)}" if norms else f"LayerNormalization {len(layer_norms)}"]
+        why = []
+        if capped:
+            why.append(f"attention soft-capping is MatMul/Tanh/Softmax on {len(capped)} of {len(self.layers)} layers")
+        if rope_layers and self.rotary_fallback:
+            why.append(f"rope {self.rotary_fallback}: elementwise ops, no RotaryEmbedding")
+        windows = sum(1 for w in self.windows if w)
+        text = f"capture: family {self.family}; fused-operator sites: {', '.join(sites)}"
+        text += f"; sliding window on {windows} of {len(self.layers)} layers (mask)" if windows else ""
+        return text + (f"; fallbacks: {'; '.join(why)}" if why else "")
+
+    def attention_mask(self, new_mask, position_ids, cache_len, cache_slots: int, window: int | None):
+        """`[B, T, S+T]` bool: valid cache slots then `new_mask`, both inside the sliding window if any."""
         slots = torch.arange(cache_slots, device=cache_len.device)
         cache_mask = (slots[None, None, :] < cache_len[:, None, None]).expand(-1, position_ids.shape[1], -1)
-        if self.sliding_window:
-            cache_mask = cache_mask & (slots[None, None, :] > position_ids[:, :, None] - self.sliding_window)
+        if window:
+            cache_mask = cache_mask & (slots[None, None, :] > position_ids[:, :, None] - window)
+            new_mask = new_mask & (position_ids[:, None, :] > position_ids[:, :, None] - window)
         return torch.cat([cache_mask, new_mask], dim=-1)
 
     def forward(self, input_ids, position_ids, cache_len, logit_index, k_cache, v_cache):
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(x, position_ids)
-        mask = self.attention_mask(self.causal_mask(input_ids), position_ids, cache_len, k_cache.shape[3])
+        if self.embedding_multiplier is not None:
+            x = x * self.embedding_multiplier
+        tables = {key: rope(position_ids, x.dtype) for key, rope in self.rotary.items()}
+        causal = self.causal_mask(input_ids)
+        masks = {w: self.attention_mask(causal, position_ids, cache_len, k_cache.shape[3], w) for w in set(self.windows)}
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, mask, k_cache[i], v_cache[i])
+            cos, sin = tables[self.rope_keys[i]]
+            x, k, v = layer(x, cos, sin, masks[self.windows[i]], k_cache[i], v_cache[i])
             new_k.append(k)
             new_v.append(v)
         b, r = logit_index.shape
         picked = torch.gather(x, 1, logit_index[:, :, None].expand(b, r, x.shape[-1]))
         logits = self.lm_head(self.norm(picked)).float()
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits, torch.stack(new_k), torch.stack(new_v)

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import SpeccError
+from ..errors import ModelError, SpeccError
 
 
 def _recipe_help() -> str:
@@ -188,6 +188,19 @@ def cmd_passes(args) -> int:
 def cmd_models(args) -> int:
     from ..models import catalog
 
+    if args.action == "check":
+        from ..capture.check import check_model, describe
+
+        report = check_model(args.model)
+        if report.family is None:
+            raise ModelError(describe(args.model, report))
+        print(describe(args.model, report))
+        return 0
+    if args.action == "list" and args.families:
+        from ..capture.check import families_table
+
+        print(families_table())
+        return 0
     if args.action == "list":
         for m in catalog.CATALOG.values():
             print(f"{m.name:<30} {catalog.status(m.name):<16} {m.description}")
@@ -353,7 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="the offline model catalog")
     msub = p.add_subparsers(dest="action", required=True)
-    msub.add_parser("list", help="catalog models and whether they are pulled")
+    lst = msub.add_parser("list", help="catalog models and whether they are pulled")
+    lst.add_argument("--families", action="store_true", help="the model families specc compiles (markdown table)")
+    check = msub.add_parser("check", help="would this model compile? which family, or what is missing (reads config.json only)")
+    check.add_argument("model", help="catalog name, Hugging Face model directory or config.json")
     pull = msub.add_parser("pull", help="download, assemble, verify and convert a catalog model")
     pull.add_argument("name")
     p.set_defaults(func=cmd_models)

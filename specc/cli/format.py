@@ -68,7 +68,7 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g.ranges.items()))
         for note in g.passes:
             lines.append(f"  pass      {note}")
-        for key in ("profiles", "profile", "compute_capability", "op_coverage", "fallback", "numerics"):
+        for key in ("profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
             if key in g.facts:
                 try:
                     lines += _fact_lines(key, g.facts)
@@ -88,6 +88,9 @@ def _fact_lines(key: str, g: dict) -> list[str]:
         c = g["op_coverage"]
         return [f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
                 f"operator table: {len(c['unsupported'])} unsupported"]
+    if key == "fused_ops":
+        return ["  fused ops " + ", ".join(f"{op} x{n}" for op, n in g["fused_ops"].items())
+                + " (the capture line below says how many sites each could cover)"]
     if key == "fallback":
         f = g["fallback"]
         return [f"  fallback  {f['tensorrt_engines']} TensorRT engines, {f['torch_fallback_nodes']} nodes left to torch"

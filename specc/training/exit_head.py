@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..capture.blocks.norms import norm_facts
 from ..capture.step_decoder import StepDecoder
 from ..errors import SpeccError
 from ..heads.exit import ExitAdapter, ExitHead
@@ -82,8 +83,11 @@ def teacher_pass(model, seqs: torch.Tensor, layer: int, top_k: int, desc: str):
 
 def exit_head(model, adapter: ExitAdapter | None) -> ExitHead:
     """The early-exit head over this model's final norm and LM head, as the draft graph computes it."""
-    norm = StepDecoder(model).norm  # the norm as captured: eps and the family's weight offset
-    return ExitHead(norm.weight, model.lm_head.weight, norm.eps, norm.offset, adapter)
+    decoder = StepDecoder(model)  # the final norm and logit scaling as captured for this family
+    facts = norm_facts(decoder.norm)
+    bias = decoder.norm.bias if facts["norm_kind"] == "layer" else None
+    return ExitHead(decoder.norm.weight, model.lm_head.weight, facts["norm_eps"], facts["norm_offset"], adapter, bias,
+                    decoder.logits_divisor, decoder.final_softcap)
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from ..backends import LowerOptions, Runner, get_backend
 from ..bundle import Bundle, open_bundle
 from ..capture.export import ModelDims
 from ..errors import BundleError, RequestError
+from .adaptive import AdaptiveK, RoundRecord
 from .drafters import LookupFirstDrafter, ModelDrafter, PromptLookupDrafter, SharedCacheDrafter
 from .kv_cache import KVCache
 from .sampling import SamplingParams, accept, choose, probs_from_logits
@@ -33,7 +34,7 @@ class StreamEvent:
     text: str  # newly released text
     token_ids: list[int]  # newly generated tokens
     finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
     stats: dict | None = None  # the request's speculation stats, on its last event
 
 
@@ -149,7 +150,7 @@ class SpecModel:
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
+               seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | str | None = None,
                tree: TreeShape | None = None, chat: bool = False) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
@@ -157,7 +158,8 @@ class SpecModel:
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
         same compiled target without drafting (the in-run baseline). k asks for chain
         speculation of that length, tree for that token tree (bundles compiled for trees);
-        neither: the recipe's speculation.
+        neither: the recipe's speculation. k="auto" chooses k in [0, k_max] every round from the
+        measured acceptance and costs (runtime/adaptive.py).
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)
@@ -230,8 +232,14 @@ class Scheduler:
     prefills the waiting requests that fit in max_batch, then runs one round over the batch.
     """
 
-    def __init__(self, model: SpecModel, speculative: bool = True, k: int | None = None, tree: TreeShape | None = None):
+    def __init__(self, model: SpecModel, speculative: bool = True, k: int | str | None = None, tree: TreeShape | None = None,
+                 max_batch: int | None = None):
+        """k: chain length, or "auto" (AdaptiveK picks 0..k_max each round; k_max: the recipe's k, at least
+        AUTO_K_MAX); max_batch: at most this many rows (default and upper bound: the bundle's limits.max_batch)."""
         self.model = model
+        self.max_batch = model.max_batch if max_batch is None else max_batch
+        if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
+            raise RequestError(f"max_batch must be in [1, {model.max_batch}] (the bundle's limits.max_batch), got {max_batch!r}")
         self.speculative = speculative and model.can_speculate
         if k is not None and tree is not None:
             raise RequestError("give k (chain speculation) or tree, not both")
@@ -241,18 +249,32 @@ class Scheduler:
             raise RequestError("prompt-lookup drafting proposes chains, not trees")
         default_tree = model.tree if k is None else None
         self.tree = (tree or default_tree) if self.speculative else None
+        self.policy = None
+        if k == "auto" and self.speculative and self.tree is None:
+            self.policy = AdaptiveK(max(model.k, AUTO_K_MAX))
+            k = self.policy.k_max
+        elif isinstance(k, str):
+            raise RequestError(f"k must be an integer in [1, 16] or 'auto', got {k!r}")
         self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
         if self.k and not (isinstance(self.k, int) and 1 <= self.k <= 16):
             raise RequestError(f"k must be in [1, 16], got {self.k!r}")
         self.waiting: deque[Sequence] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()
+        self.last_round: RoundRecord | None = None  # the latest decode round (policy, metrics)
+        self._cancelled: set[int] = set()
         self._lock = threading.Lock()
 
     def submit(self, seq: Sequence) -> None:
         with self._lock:
             self.waiting.append(seq)
             self.stats.requests += 1
+
+    def cancel(self, index: int) -> None:
+        """Stop request `index` (any thread): it leaves the queue or frees its row at the next step,
+        which emits its last event with finish_reason "cancelled". Unknown or finished: no effect."""
+        with self._lock:
+            self._cancelled.add(index)
 
     @property
     def lookahead(self) -> int:
@@ -265,14 +287,22 @@ class Scheduler:
 
     def step(self) -> list[StreamEvent]:
         start = time.perf_counter()
-        events = self._admit()
+        events = self._drop_cancelled() + self._admit()
         if self.batch is not None:
+            round_start, before = time.perf_counter(), (self.stats.draft_seconds, self.stats.target_seconds)
+            rows = [s.index for s in self.batch.seqs]
+            k, counts = self.k, None
             if self.tree is not None:
                 new_tokens = self._tree_round(self.batch)
-            elif self.speculative:
-                new_tokens = self._speculative_round(self.batch)
+            elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
+                new_tokens, counts = self._speculative_round(self.batch, k)
             else:
-                new_tokens = self._target_round(self.batch)
+                k, new_tokens = 0, self._target_round(self.batch)
+            n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
+            self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
+                                          self.stats.target_seconds - before[1], time.perf_counter() - round_start)
+            if self.policy is not None:
+                self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
             if not self.batch.seqs:
                 self.batch = None
@@ -280,10 +310,29 @@ class Scheduler:
         return events
 
     # -- the rounds -----------------------------------------------------------------------
+    def _drop_cancelled(self) -> list[StreamEvent]:
+        """Remove cancelled requests from the queue and their rows from the batch."""
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            self.waiting = deque(s for s in self.waiting if s.index not in cancelled)
+        if not cancelled or self.batch is None:
+            return []
+        keep = [b for b, s in enumerate(self.batch.seqs) if s.index not in cancelled]
+        gone = [s for s in self.batch.seqs if s.index in cancelled]
+        for seq in gone:
+            self.stats.speculation.merge(seq.stats)
+        if not keep:
+            self.batch = None
+        elif gone:
+            rows = self.batch.keep_rows(keep)
+            if self.speculative:
+                self.model.drafter.keep_rows(self.batch, rows)
+        return [StreamEvent(s.index, "", [], True, "cancelled", s.stats.to_dict()) for s in gone]
+
     def _admit(self) -> list[StreamEvent]:
         """Prefill waiting requests into free rows; emit their first tokens."""
         with self._lock:
-            room = self.model.max_batch - (len(self.batch.seqs) if self.batch else 0)
+            room = self.max_batch - (len(self.batch.seqs) if self.batch else 0)
             seqs = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         if not seqs:
             return []
@@ -334,9 +383,11 @@ class Scheduler:
         cache.commit(new_k, new_v, torch.ones_like(cache.lengths))
         return [[t] for t in token.tolist()]
 
-    def _speculative_round(self, batch: Batch) -> list[list[int]]:
-        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
-        k, params = self.k, batch.params
+    def _speculative_round(self, batch: Batch, k: int) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV.
+
+        Returns each row's new tokens and (drafted, accepted) counts per row."""
+        params = batch.params
         start = time.perf_counter()
         draft, q, n_draft = self.model.drafter.propose(batch, k, params)  # may propose fewer than k
         drafted = time.perf_counter()
@@ -357,10 +408,11 @@ class Scheduler:
         self.model.drafter.after_verify(batch)
         out = []
         looked_up = self.model.lookup_first and self.model.drafter.looked_up
-        for b, (n, d, t) in enumerate(zip(n_acc.tolist(), n_draft.tolist(), nxt.tolist())):
+        counts = (n_draft.tolist(), n_acc.tolist())
+        for b, (n, d, t) in enumerate(zip(counts[1], counts[0], nxt.tolist())):
             batch.seqs[b].stats.record(d, n, looked_up)
             out.append(draft[b, :n].tolist() + [t])
-        return out
+        return out, counts
 
     def _head_step(self, batch: Batch, ids: torch.Tensor, rows: torch.Tensor, draft, q, n_draft, u_accept, u_next):
         """A target pass through the verification head (insert_verify_head): acceptance in the graph.
@@ -444,6 +496,9 @@ class Scheduler:
             if self.speculative and keep:
                 self.model.drafter.keep_rows(batch, rows)
         return events
+
+
+AUTO_K_MAX = 8  # k "auto" considers k up to max(the recipe's k, this)
 
 
 def _seeds(seed, n: int) -> list[int]:

@@ -27,8 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx2 as httpx
 import openai
+
+try:  # the HTTP client the openai package depends on (httpx2 in openai >= 2.x, httpx before)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 
 @dataclass
@@ -142,7 +146,8 @@ async def run_task(client: openai.AsyncOpenAI, task: Task, max_tokens: int, want
         return Result(True, task.kind)
     if reason is None:
         return Result(False, task.kind, problem="no finish_reason: the stream ended early")
-    if text != want[(item["prompt"], item["chat"])]:
+    expected = want.get((item["prompt"], item["chat"]))
+    if expected is not None and text != expected:
         return Result(False, task.kind, problem=f"wrong text for {item['prompt'][:40]!r}")
     itl = (last - first) / (tokens - 1) if tokens > 1 and first is not None else None
     return Result(True, task.kind, ttft=(first - start) if first else None, itl=itl, tokens=tokens)
@@ -176,7 +181,7 @@ def make_tasks(items: list[dict], n: int, offset: int) -> list[Task]:
 
 def format_table(rows: list[dict]) -> str:
     base = {(r["concurrency"]): r for r in rows if r["mode"] == "none"}
-    lines = ["| concurrency | mode | requests | completed ok | problems | tokens/s | vs none | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
+    lines = ["| concurrency | mode | requests | greedy streams checked | lost or wrong | tokens/s | vs none | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
     for r in rows:
@@ -192,7 +197,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(16, 2 x concurrency))")
+    ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(16, concurrency))")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--code", type=int, default=16, help="code prompts (specc.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
@@ -224,10 +229,11 @@ def main() -> int:
             asyncio.run(run_level(url, mode, 1, [Task("ok", items[0])], 8, {}))
         offset = 0
         for c in args.concurrency:
-            n = args.requests or max(16, 2 * c)
+            n = args.requests or max(16, c)
             tasks = make_tasks(items, n, offset)
             offset += n
-            for mode, (_, url) in servers.items():
+            order = list(servers.items())
+            for mode, (_, url) in (order if len(rows) // len(order) % 2 == 0 else order[::-1]):  # alternate the order
                 level = asyncio.run(run_level(url, mode, c, tasks, args.max_tokens, want))
                 s = level.summary()
                 rows.append(s)

@@ -10,8 +10,12 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx2")
 import uvicorn  # noqa: E402
+
+try:  # the HTTP client the openai package depends on (httpx2 in openai >= 2.x, httpx before)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 import specc  # noqa: E402
 from specc.runtime.sampling import SamplingParams  # noqa: E402

@@ -15,8 +15,9 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   a fitted fraction s of a decode step per drafted token, c_d is the measured cost of one draft
   step, and a batch size not yet seen borrows from the nearest one that was.
 
-The best k runs. While k = 0 wins, every `probe_every`-th round drafts anyway (the best k >= 1),
-so acceptance and costs that change are noticed. The choice depends only on rounds that are
+The best k runs. A batch size never seen before first runs one plain round (the baseline of the
+estimates), and every `probe_every`-th round runs a neighbour of the best k instead (while k = 0
+wins: the best k >= 1), so acceptance and costs that change are noticed. The choice depends only on rounds that are
 finished (their accepted counts and timings), never on the current round's drafts or noise, so
 each round is an ordinary lossless speculative round: greedy output is the target's and sampled
 output has the target's distribution whatever sequence of k the policy picks.
@@ -67,20 +68,26 @@ class AdaptiveK:
         self.round_s: dict[tuple[int, int], float] = {}  # (B, k) -> seconds of a round
         self.draft_step_s: dict[int, float] = {}  # B -> seconds of one draft step
         self.rows: dict[int, _Row] = {}
-        self.idle_rounds = 0  # consecutive rounds at k = 0
+        self.round_no = 0
+        self.probe_up = False  # probes alternate between the best k - 1 and + 1
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int]) -> int:
         """k for the next round of a batch whose rows are these request indices."""
-        rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
-        best = max(rates, key=rates.get)
-        if best == 0:
-            self.idle_rounds += 1
-            if self.idle_rounds >= self.probe_every:
-                best = max(range(1, self.k_max + 1), key=rates.get)
-        if best:
-            self.idle_rounds = 0
+        b = len(rows)
+        self.round_no += 1
+        if (b, 0) not in self.round_s and not any(bb == b for bb, _ in self.round_s):
+            best = 0  # a batch size never seen: measure plain decoding first, the baseline of every estimate
+        else:
+            rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
+            best = max(rates, key=rates.get)
+            if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
+                if best == 0:
+                    best = max(range(1, self.k_max + 1), key=rates.get)
+                else:
+                    self.probe_up = not self.probe_up
+                    best = min(best + 1, self.k_max) if self.probe_up else best - 1
         self.chosen.append(best)
         return best
 

@@ -250,11 +250,11 @@ class Scheduler:
         default_tree = model.tree if k is None else None
         self.tree = (tree or default_tree) if self.speculative else None
         self.policy = None
-        if k == "auto" and self.speculative and self.tree is None:
-            self.policy = AdaptiveK(max(model.k, AUTO_K_MAX))
-            k = self.policy.k_max
-        elif isinstance(k, str):
+        if isinstance(k, str) and k != "auto":
             raise RequestError(f"k must be an integer in [1, 16] or 'auto', got {k!r}")
+        if k == "auto":
+            self.policy = AdaptiveK(max(model.k, AUTO_K_MAX)) if self.speculative and self.tree is None else None
+            k = self.policy.k_max if self.policy else None
         self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
         if self.k and not (isinstance(self.k, int) and 1 <= self.k <= 16):
             raise RequestError(f"k must be in [1, 16], got {self.k!r}")
@@ -314,19 +314,20 @@ class Scheduler:
         """Remove cancelled requests from the queue and their rows from the batch."""
         with self._lock:
             cancelled, self._cancelled = self._cancelled, set()
+            gone = [s for s in self.waiting if s.index in cancelled]
             self.waiting = deque(s for s in self.waiting if s.index not in cancelled)
-        if not cancelled or self.batch is None:
-            return []
-        keep = [b for b, s in enumerate(self.batch.seqs) if s.index not in cancelled]
-        gone = [s for s in self.batch.seqs if s.index in cancelled]
-        for seq in gone:
-            self.stats.speculation.merge(seq.stats)
-        if not keep:
-            self.batch = None
-        elif gone:
-            rows = self.batch.keep_rows(keep)
-            if self.speculative:
-                self.model.drafter.keep_rows(self.batch, rows)
+        if cancelled and self.batch is not None:
+            keep = [b for b, s in enumerate(self.batch.seqs) if s.index not in cancelled]
+            running = [s for s in self.batch.seqs if s.index in cancelled]
+            for seq in running:
+                self.stats.speculation.merge(seq.stats)
+            if not keep:
+                self.batch = None
+            elif running:
+                rows = self.batch.keep_rows(keep)
+                if self.speculative:
+                    self.model.drafter.keep_rows(self.batch, rows)
+            gone += running
         return [StreamEvent(s.index, "", [], True, "cancelled", s.stats.to_dict()) for s in gone]
 
     def _admit(self) -> list[StreamEvent]:

@@ -109,6 +109,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         except BaseException:
             engine.cancel(job)
             raise
+        if admitted is None:
+            return Response(status_code=499)  # the client went away (nginx's code; nobody reads it)
         if isinstance(admitted, APIError):
             raise admitted
         prompt_tokens = sum(admitted.prompt_tokens[::req.n])
@@ -119,6 +121,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         try:
             while not reply.done:
                 item = await next_item(job, request)
+                if item is None:
+                    return Response(status_code=499)
                 if isinstance(item, Failed):
                     raise APIError(500, item.message, type="server_error")
                 reply.add(item)
@@ -128,14 +132,14 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         return reply.whole()
 
     async def next_item(job: Job, request: Request):
-        """The job's next message; cancels the job if the client went away while waiting."""
+        """The job's next message; None (and the job cancelled) if the client went away while waiting."""
         while True:
             try:
                 return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     engine.cancel(job)
-                    raise asyncio.CancelledError("the client disconnected") from None
+                    return None
 
     async def stream(reply: "Reply", include_usage: bool):
         try:

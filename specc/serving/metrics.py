@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..runtime.adaptive import RoundRecord
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+RATE_WINDOW_S = 10.0
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 
 
@@ -63,17 +64,19 @@ class Metrics:
                     self.accepted_per_pos.labels(position=str(pos)).inc()
 
     def observe_tokens(self, n: int) -> None:
-        if not n:
-            return
         self.generation_tokens.inc(n)
-        now = time.monotonic()
-        with self._lock:
-            self._window.append((now, n))
-            while self._window and self._window[0][0] < now - 10:
-                self._window.popleft()
-            span = max(now - self._window[0][0], 1.0)
-            self.tokens_per_second.set(sum(c for _, c in self._window) / span)
+        self._rate(n)
 
     def idle(self, waiting: int) -> None:
         self.running.set(0)
         self.waiting.set(waiting)
+        self._rate(0)
+
+    def _rate(self, n: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if n:
+                self._window.append((now, n))
+            while self._window and self._window[0][0] < now - RATE_WINDOW_S:
+                self._window.popleft()
+            self.tokens_per_second.set(sum(c for _, c in self._window) / RATE_WINDOW_S)

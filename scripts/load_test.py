@@ -85,7 +85,7 @@ def free_port() -> int:
 
 def start_server(bundle: Path, mode: str, k: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    args = [sys.executable, "-m", "specc.cli", "serve", str(bundle), "--port", str(port), "--name", "bundle",
+    args = [sys.executable, "-c", "import sys; from specc.cli import main; sys.exit(main(sys.argv[1:]))", "serve", str(bundle), "--port", str(port), "--name", "bundle",
             "--no-verify", "--max-queue", "1024"]
     args += {"auto": ["--k", "auto"], "fixed": ["--k", str(k)], "none": ["--no-speculation"]}[mode]
     log = open(f"/tmp/specc-serve-{mode}-{port}.log", "w")
@@ -199,7 +199,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(16, concurrency))")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.prompts)")
+    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.bench.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
     ap.add_argument("--k", type=int, default=None, help="the fixed k compared (default: the recipe's)")
     ap.add_argument("--modes", nargs="+", default=["auto", "fixed", "none"], choices=["auto", "fixed", "none"])
@@ -207,7 +207,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import specc
-    from specc.prompts import build
+    from specc.bench.prompts import build
 
     items = build(args.code, args.chat)
     model = specc.load(args.bundle, verify=False)

@@ -8,10 +8,11 @@ import pytest
 
 import specc
 from specc.errors import RequestError
-from specc.runtime import sampling
+from specc.speculation import sampling
 from specc.runtime.adaptive import AdaptiveK, RoundRecord
-from specc.runtime.engine import RunStats, Scheduler
-from specc.runtime.sampling import SamplingParams
+from specc.runtime.scheduler import Scheduler
+from specc.runtime.stats import RunStats
+from specc.speculation.sampling import SamplingParams
 
 from lossless_checks import small_vocab_bundle
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
@@ -76,7 +77,7 @@ class FlippingK(AdaptiveK):
 @pytest.fixture(params=["adaptive", "flipping"])
 def policy_kind(request, monkeypatch):
     if request.param == "flipping":
-        monkeypatch.setattr("specc.runtime.engine.AdaptiveK", FlippingK)
+        monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
     return request.param
 
 
@@ -92,11 +93,11 @@ def test_auto_k_greedy_equals_target_only(bundles, prompts, kind, policy_kind):
 
 
 def test_flipping_policy_really_flips(bundles, prompts, monkeypatch):
-    monkeypatch.setattr("specc.runtime.engine.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
     model = specc.load(bundles["draft"])
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:4])):
-        scheduler.submit(model.new_sequence(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
     while scheduler.busy:
         scheduler.step()
     chosen = scheduler.policy.chosen
@@ -147,7 +148,7 @@ def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
 
 
 def test_broken_rule_is_caught_under_flipping_k(small_vocab, monkeypatch):
-    monkeypatch.setattr("specc.runtime.engine.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
     monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
     target, bundle = small_vocab
     params = SamplingParams(1.0)
@@ -163,7 +164,7 @@ def test_cancel_frees_the_row_and_leaves_the_others_exact(bundles, prompts):
     want = model.generate(chunk, max_new_tokens=24, k=3)
     scheduler = Scheduler(model, k="auto", max_batch=3)
     for i, ids in enumerate(model.encode(chunk)):
-        scheduler.submit(model.new_sequence(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
+        scheduler.submit(model.new_request(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
     got: dict[int, list[int]] = {i: [] for i in range(len(chunk))}
     reasons, rounds = {}, 0
     while scheduler.busy:

@@ -18,7 +18,7 @@ except ImportError:
     import httpx
 
 import specc  # noqa: E402
-from specc.runtime.sampling import SamplingParams  # noqa: E402
+from specc.speculation.sampling import SamplingParams  # noqa: E402
 from specc.serving.app import create_app  # noqa: E402
 from specc.serving.engine import AsyncEngine, Job  # noqa: E402
 from specc.serving.schemas import APIError  # noqa: E402

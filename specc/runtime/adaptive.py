@@ -27,6 +27,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..limits import MAX_K
+
+AUTO_K_MAX = 8  # k "auto" considers k up to max(the recipe's k, this)
+
+
+def auto_k_max(recipe_k: int) -> int:
+    """The largest k the policy considers for a bundle compiled with speculation.k = recipe_k."""
+    return min(max(recipe_k, AUTO_K_MAX), MAX_K)
+
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -57,8 +66,8 @@ class AdaptiveK:
 
     def __init__(self, k_max: int, window: int = 16, probe_every: int = 24, ema: float = 0.3,
                  prior_alpha: float = 0.5, prior_weight: float = 4.0, verify_slope: float = 0.25):
-        if not isinstance(k_max, int) or not 1 <= k_max <= 16:
-            raise ValueError(f"k_max must be in [1, 16], got {k_max!r}")
+        if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
+            raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
         self.k_max, self.window, self.probe_every, self.ema = k_max, window, probe_every, ema
         self.prior_weight = prior_weight
         self.alpha = prior_alpha  # acceptance of all rows (moving average): the prior of new rows

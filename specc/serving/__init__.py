@@ -21,7 +21,7 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
         from .app import create_app
     except ImportError as exc:
         raise SpeccError(f"specc serve needs the serve extra ({exc.name} is missing): pip install 'specc[serve]'") from None
-    from .. import load
+    from ..runtime.model import load
 
     if max_queue < 1:
         raise SpeccError(f"--max-queue must be >= 1, got {max_queue}")

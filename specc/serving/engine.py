@@ -18,8 +18,9 @@ import traceback
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
-from ..runtime.engine import Scheduler, SpecModel, StreamEvent
-from ..runtime.sampling import SamplingParams
+from ..runtime.model import SpecModel
+from ..runtime.scheduler import Scheduler, StreamEvent
+from ..speculation.sampling import SamplingParams
 from .metrics import Metrics
 from .schemas import APIError
 
@@ -176,7 +177,7 @@ class AsyncEngine:
                                     f"at most {room} here", "max_tokens", code="context_length_exceeded")
             for j in range(job.n):
                 index = job.indices[p * job.n + j]
-                seqs.append(m.new_sequence(index, ids, max_tokens, job.params, job.seed + p * job.n + j, job.stop,
+                seqs.append(m.new_request(index, ids, max_tokens, job.params, job.seed + p * job.n + j, job.stop,
                                            k=lookahead))
         return seqs
 

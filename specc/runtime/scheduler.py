@@ -108,7 +108,7 @@ class Scheduler:
             rows = [s.index for s in self.batch.seqs]
             k, counts = self.k, None
             if self.tree is not None:
-                new_tokens = self._tree_round(self.batch)
+                k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
                 new_tokens, counts = self._speculative_round(self.batch, k)
             else:
@@ -178,8 +178,10 @@ class Scheduler:
             out.append(drafted[:n] + [t])
         return out, counts
 
-    def _tree_round(self, batch: Batch) -> list[list[int]]:
-        """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path."""
+    def _tree_round(self, batch: Batch) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+        """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path.
+
+        Returns each row's new tokens and the (depth drafted, accepted) counts of every row."""
         params, shape, cache = batch.params, self.tree, batch.cache
         with self._timed("draft_seconds"):
             trees = self.drafter.propose_tree(batch, shape, params)
@@ -191,7 +193,7 @@ class Scheduler:
                                                       tree_mask=mask)
         u = batch.noise(shape.size + 2)
         probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
-        paths, out = [], []
+        paths, out, depth_acc = [], [], ([], [])
         for b, tree in enumerate(trees):
             n = tree.size + 1
             if params.greedy[b]:
@@ -200,11 +202,13 @@ class Scheduler:
                 path, nxt = accept_tree_sampled(probs[b, :n], tree, u[b])
             paths.append(path)
             batch.seqs[b].stats.record(max(tree.depth), len(path) - 1)
+            depth_acc[0].append(max(tree.depth))
+            depth_acc[1].append(len(path) - 1)
             out.append([tree.tokens[node] for node in path[1:]] + [nxt])
         index, counts = pad_right(paths, cache.lengths.device)
         cache.commit(new_k, new_v, counts, index=index)
         self.drafter.after_verify(batch, None)
-        return out
+        return out, depth_acc
 
     # -- joining and leaving ----------------------------------------------------------------
     def _drop_cancelled(self) -> list[StreamEvent]:

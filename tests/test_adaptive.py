@@ -188,3 +188,14 @@ def test_max_batch_is_checked(bundles):
     model = specc.load(bundles["draft"])
     with pytest.raises(RequestError, match="max_batch"):
         Scheduler(model, max_batch=model.max_batch + 1)
+
+
+def test_generate_cli_takes_k_auto(bundles, capsys):
+    from specc.cli import main
+
+    assert main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "auto", "--max-new-tokens", "6",
+                 "--no-verify", "--json"]) == 0
+    assert '"completions"' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "fast"])
+    assert info.value.code == 2 and "'auto'" in capsys.readouterr().err

@@ -100,6 +100,7 @@ def start_server(bundle: Path, mode: str, k: int) -> tuple[subprocess.Popen, str
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
+    proc.terminate()
     raise SystemExit(f"specc serve ({mode}) did not start; see {log.name}")
 
 
@@ -222,9 +223,11 @@ def main() -> int:
     items = [{"prompt": it["prompt"], "chat": bool(it.get("chat"))} for it in items]
     del model
 
-    servers = {mode: start_server(args.bundle, mode, k) for mode in args.modes}
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     rows = []
     try:
+        for mode in args.modes:
+            servers[mode] = start_server(args.bundle, mode, k)
         for mode, (_, url) in servers.items():  # warm-up: one request each
             asyncio.run(run_level(url, mode, 1, [Task("ok", items[0])], 8, {}))
         offset = 0

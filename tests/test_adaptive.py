@@ -32,7 +32,7 @@ def test_policy_drafts_long_when_drafts_are_accepted_and_verify_is_cheap():
 
 
 def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
-    policy = AdaptiveK(4, probe_every=5)
+    policy = AdaptiveK(4, probe_idle=5)
     _feed(policy, [0, 1], 0, 0, 0.010)
     for _ in range(10):
         _feed(policy, [0, 1], 4, 0, 0.020, draft=0.004)

@@ -17,8 +17,9 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   yet borrows the ratio c/a from the nearest batch size that has one (or a prior).
 
 The best k runs. A batch size never seen before first runs one plain round (the intercept of its
-line), and every `probe_every`-th round runs a neighbour of the best k instead (while k = 0 wins:
-the best k >= 1), so acceptance and costs that change are noticed. The choice depends only on
+line); every `probe_every`-th round runs a neighbour of the best k instead, and while k = 0 wins
+every `probe_idle`-th round drafts with the best k >= 1 (a plain round measures no acceptance),
+so acceptance and costs that change are noticed. The choice depends only on
 rounds that are finished (their accepted counts and timings), never on the current round's
 drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
 target's and sampled output has the target's distribution whatever sequence of k the policy picks.
@@ -86,17 +87,20 @@ class _Line:
 class AdaptiveK:
     """Chooses k per round; feed it every finished round with `observe`."""
 
-    def __init__(self, k_max: int, window: int = 16, probe_every: int = 24, decay: float = 0.95, ema: float = 0.3,
+    def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4, decay: float = 0.95,
+                 ema: float = 0.3,
                  prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25):
         if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
             raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
-        self.k_max, self.window, self.probe_every, self.decay, self.ema = k_max, window, probe_every, decay, ema
+        self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
+        self.probe_every, self.probe_idle = probe_every, probe_idle
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.alpha = prior_alpha  # acceptance of all rows (moving average): the prior of new rows
         self.hit_rate = 1.0
         self.lines: dict[int, _Line] = {}  # batch size -> round seconds against width verified
         self.rows: dict[int, deque] = {}  # request index -> its recent (accepted, judged, had_draft)
         self.round_no = 0
+        self.idle = 0  # rounds at k = 0 in a row
         self.probe_up = False  # probes alternate between the best k - 1 and + 1
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
@@ -109,12 +113,12 @@ class AdaptiveK:
         else:
             rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
             best = max(rates, key=rates.get)
-            if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
-                if best == 0:
-                    best = max(range(1, self.k_max + 1), key=rates.get)
-                else:
-                    self.probe_up = not self.probe_up
-                    best = min(best + 1, self.k_max) if self.probe_up else best - 1
+            self.idle = self.idle + 1 if best == 0 else 0
+            if best == 0 and self.idle % self.probe_idle == 0:  # plain decoding learns nothing: draft now and then
+                best = max(range(1, self.k_max + 1), key=rates.get)
+            elif best and self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
+                self.probe_up = not self.probe_up
+                best = min(best + 1, self.k_max) if self.probe_up else best - 1
         self.chosen.append(best)
         return best
 

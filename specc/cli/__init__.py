@@ -161,6 +161,25 @@ def cmd_triton(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from ..serving import serve
+
+    serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
+          k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
+          max_queue=args.max_queue, verify=not args.no_verify)
+    return 0
+
+
+def _k_value(text: str) -> int | str:
+    """--k: an integer, or 'auto' (adaptive speculation)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, 16] or 'auto', got {text!r}") from None
+
+
 def cmd_doctor(args) -> int:
     from .format import doctor_report
 
@@ -275,9 +294,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print text as it is accepted")
     p.add_argument("--no-speculation", action="store_true", help="target only, on the same compiled target")
-    p.add_argument("--k", type=int, default=None, help="draft tokens per round (default: the recipe's)")
+    p.add_argument("--k", type=_k_value, default=None,
+                   help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "
+                        "(default: the recipe's)")
     p.add_argument("--json", action="store_true", help="print completions and stats as JSON")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (docs/serving.md)",
+                       description="OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming or "
+                                   "not), /v1/models, /health, /metrics (Prometheus). Requests join the running batch "
+                                   "between rounds; speculation adapts k to the load (--k auto). Needs the serve extra.")
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
+    p.add_argument("--api-key", help="require the header Authorization: Bearer API_KEY on /v1/*")
+    p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
+    p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429")
+    p.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or auto (default)")
+    p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="speculative vs target-only (and Hugging Face) on the same prompts, in one run",
                        description="Every system runs the same prompt token ids, greedy, same max_new_tokens; systems "

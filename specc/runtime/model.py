@@ -102,7 +102,7 @@ class SpecModel:
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | None = None,
+               seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | str | None = None,
                tree: TreeShape | None = None, chat: bool = False,
                run_stats: RunStats | None = None) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
@@ -111,8 +111,9 @@ class SpecModel:
         seed: one int (row i uses seed + i) or one per prompt. speculative=False runs the
         same compiled target without drafting (the in-run baseline). k asks for chain
         speculation of that length, tree for that token tree (bundles compiled for trees);
-        neither: the recipe's speculation. run_stats: a RunStats this call fills (its own figures,
-        safe under concurrent calls); `last_stats` is whichever call started last.
+        neither: the recipe's speculation. k="auto" chooses k in [0, k_max] every round from the
+        measured acceptance and costs (runtime/adaptive.py). run_stats: a RunStats this call fills
+        (its own figures, safe under concurrent calls); `last_stats` is whichever call started last.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)

@@ -19,6 +19,7 @@ from ..errors import RequestError
 from ..limits import MAX_K
 from ..speculation.sampling import probs_from_logits
 from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
+from .adaptive import AdaptiveK, RoundRecord, auto_k_max
 from .kv_cache import KVCache
 from .state import Batch, Request
 from .stats import RunStats
@@ -34,7 +35,7 @@ class StreamEvent:
     text: str  # newly released text
     token_ids: list[int]  # newly generated tokens
     finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
     stats: dict | None = None  # the request's speculation stats, on its last event
 
 
@@ -45,8 +46,14 @@ class Scheduler:
     prefills the waiting requests that fit in max_batch, then runs one round over the batch.
     """
 
-    def __init__(self, model: "SpecModel", speculative: bool = True, k: int | None = None, tree: TreeShape | None = None):
+    def __init__(self, model: "SpecModel", speculative: bool = True, k: int | str | None = None,
+                 tree: TreeShape | None = None, max_batch: int | None = None):
+        """k: chain length, or "auto" (runtime/adaptive.py picks 0..k_max each round); max_batch: at most
+        this many rows (default and upper bound: the bundle's limits.max_batch)."""
         self.model, self.target, self.drafter = model, model.target, model.drafter
+        self.max_batch = model.max_batch if max_batch is None else max_batch
+        if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
+            raise RequestError(f"max_batch must be in [1, {model.max_batch}] (the bundle's limits.max_batch), got {max_batch!r}")
         self.speculative = speculative and model.can_speculate
         if k is not None and tree is not None:
             raise RequestError("give k (chain speculation) or tree, not both")
@@ -56,18 +63,30 @@ class Scheduler:
             raise RequestError(f"{model.draft_label} drafting proposes chains, not trees")
         default_tree = model.tree if k is None else None
         self.tree = (tree or default_tree) if self.speculative else None
+        self.policy = None
+        if k == "auto":
+            self.policy = AdaptiveK(auto_k_max(model.k)) if self.speculative and self.tree is None else None
+            k = self.policy.k_max if self.policy else None
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
-            raise RequestError(f"k must be an integer in [1, {MAX_K}], got {k!r}")
+            raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
         self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()
+        self.last_round: RoundRecord | None = None  # the latest decode round (adaptive policy, server metrics)
+        self._cancelled: set[int] = set()
         self._lock = threading.Lock()
 
     def submit(self, request: Request) -> None:
         with self._lock:
             self.waiting.append(request)
             self.stats.requests += 1
+
+    def cancel(self, index: int) -> None:
+        """Stop request `index` (any thread): it leaves the queue or frees its row at the next step,
+        which emits its last event with finish_reason "cancelled". Unknown or finished: no effect."""
+        with self._lock:
+            self._cancelled.add(index)
 
     @property
     def lookahead(self) -> int:
@@ -81,14 +100,22 @@ class Scheduler:
     def step(self) -> list[StreamEvent]:
         """Admit waiting requests, run one round, return what it generated."""
         start = time.perf_counter()
-        events = self._admit()
+        events = self._drop_cancelled() + self._admit()
         if self.batch is not None:
+            round_start, before = time.perf_counter(), (self.stats.draft_seconds, self.stats.target_seconds)
+            rows = [s.index for s in self.batch.seqs]
+            k, counts = self.k, None
             if self.tree is not None:
-                new_tokens = self._tree_round(self.batch)
-            elif self.speculative:
-                new_tokens = self._speculative_round(self.batch)
+                k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
+            elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
+                new_tokens, counts = self._speculative_round(self.batch, k)
             else:
-                new_tokens = self._target_round(self.batch)
+                k, new_tokens = 0, self._target_round(self.batch)
+            n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
+            self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
+                                          self.stats.target_seconds - before[1], time.perf_counter() - round_start)
+            if self.policy is not None:
+                self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
             if not self.batch.seqs:
                 self.batch = None
@@ -125,9 +152,11 @@ class Scheduler:
         cache.commit(verdict.new_k, verdict.new_v, torch.ones_like(cache.lengths))
         return [[t] for t in verdict.next_token.tolist()]
 
-    def _speculative_round(self, batch: Batch) -> list[list[int]]:
-        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV."""
-        k, cache = self.k, batch.cache
+    def _speculative_round(self, batch: Batch, k: int) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV.
+
+        Returns each row's new tokens and the (drafted, accepted) counts of every row."""
+        cache = batch.cache
         with self._timed("draft_seconds"):
             proposal = self.drafter.propose(batch, k, batch.params)  # may propose fewer than k
         with self._timed("target_seconds"):
@@ -140,14 +169,17 @@ class Scheduler:
         cache.commit(verdict.new_k, verdict.new_v, verdict.n_accepted + 1)
         self.drafter.after_verify(batch, verdict)
         out = []
-        for seq, n, d, t, drafted in zip(batch.seqs, verdict.n_accepted.tolist(), proposal.lengths.tolist(),
-                                         verdict.next_token.tolist(), proposal.tokens.tolist()):
+        counts = (proposal.lengths.tolist(), verdict.n_accepted.tolist())
+        for seq, n, d, t, drafted in zip(batch.seqs, counts[1], counts[0], verdict.next_token.tolist(),
+                                         proposal.tokens.tolist()):
             seq.stats.record(d, n, proposal.source)
             out.append(drafted[:n] + [t])
-        return out
+        return out, counts
 
-    def _tree_round(self, batch: Batch) -> list[list[int]]:
-        """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path."""
+    def _tree_round(self, batch: Batch) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+        """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path.
+
+        Returns each row's new tokens and the (depth drafted, accepted) counts of every row."""
         params, shape, cache = batch.params, self.tree, batch.cache
         with self._timed("draft_seconds"):
             trees = self.drafter.propose_tree(batch, shape, params)
@@ -159,7 +191,7 @@ class Scheduler:
                                                       tree_mask=mask)
         u = batch.noise(shape.size + 2)
         probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
-        paths, out = [], []
+        paths, out, depth_acc = [], [], ([], [])
         for b, tree in enumerate(trees):
             n = tree.size + 1
             if params.greedy[b]:
@@ -168,17 +200,37 @@ class Scheduler:
                 path, nxt = accept_tree_sampled(probs[b, :n], tree, u[b])
             paths.append(path)
             batch.seqs[b].stats.record(max(tree.depth), len(path) - 1)
+            depth_acc[0].append(max(tree.depth))
+            depth_acc[1].append(len(path) - 1)
             out.append([tree.tokens[node] for node in path[1:]] + [nxt])
         index, counts = pad_right(paths, cache.lengths.device)
         cache.commit(new_k, new_v, counts, index=index)
         self.drafter.after_verify(batch, None)
-        return out
+        return out, depth_acc
 
     # -- joining and leaving ----------------------------------------------------------------
+    def _drop_cancelled(self) -> list[StreamEvent]:
+        """Remove cancelled requests from the queue and their rows from the batch."""
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            gone = [s for s in self.waiting if s.index in cancelled]
+            self.waiting = deque(s for s in self.waiting if s.index not in cancelled)
+        if cancelled and self.batch is not None:
+            running = [s for s in self.batch.seqs if s.index in cancelled]
+            for seq in running:
+                self.stats.speculation.merge(seq.stats)
+            keep = [b for b, s in enumerate(self.batch.seqs) if s.index not in cancelled]
+            if not keep:
+                self.batch = None
+            elif running:
+                self.batch.keep_rows(keep)
+            gone += running
+        return [StreamEvent(s.index, "", [], True, "cancelled", s.stats.to_dict()) for s in gone]
+
     def _admit(self) -> list[StreamEvent]:
         """Prefill waiting requests into free rows; emit their first tokens."""
         with self._lock:
-            room = self.model.max_batch - (len(self.batch.seqs) if self.batch else 0)
+            room = self.max_batch - (len(self.batch.seqs) if self.batch else 0)
             requests = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         if not requests:
             return []

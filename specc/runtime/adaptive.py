@@ -1,0 +1,183 @@
+"""Adaptive speculation (k "auto"): choose each round's chain length from what was measured so far.
+
+Each round the policy predicts, for every k in [0, k_max], the batch's tokens per second:
+
+    throughput(k) = sum over rows b of tokens_b(k)  /  T(B, k)
+
+- tokens_b(k) = h_b E(alpha_b, k) + (1 - h_b), with E the expected tokens of a round of k drafts
+  (`specc tune`'s formula, Leviathan et al. 2023), alpha_b the row's per-token acceptance over
+  its recent rounds (smoothed towards the acceptance of all rows, so new rows start from it) and
+  h_b the fraction of its recent rounds that had a draft at all (prompt lookup may find none).
+  k = 0 is plain decoding: 1 token per row.
+- T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
+  with the tokens verified) as a line in the width w actually verified, fitted per batch size B
+  by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
+  host work). w(k) = k for a draft model; for prompt lookup a round is only as wide as the rows
+  that found something, w(k) = k (1 - prod_b (1 - h_b)). A batch size whose slope is not known
+  yet borrows the ratio c/a from the nearest batch size that has one (or a prior).
+
+The best k runs. A batch size never seen before first runs one plain round (the intercept of its
+line); every `probe_every`-th round runs a neighbour of the best k instead, and while k = 0 wins
+every `probe_idle`-th round drafts with the best k >= 1 (a plain round measures no acceptance),
+so acceptance and costs that change are noticed. The choice depends only on
+rounds that are finished (their accepted counts and timings), never on the current round's
+drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
+target's and sampled output has the target's distribution whatever sequence of k the policy picks.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..limits import MAX_K
+
+AUTO_K_MAX = 8  # k "auto" considers k up to max(the recipe's k, this)
+
+
+def auto_k_max(recipe_k: int) -> int:
+    """The largest k the policy considers for a bundle compiled with speculation.k = recipe_k."""
+    return min(max(recipe_k, AUTO_K_MAX), MAX_K)
+
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens a round of k drafts yields at per-token acceptance alpha (as in `specc tune`)."""
+    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass
+class RoundRecord:
+    """What one finished round did, as the Scheduler reports it (`Scheduler.last_round`)."""
+
+    rows: list[int]  # request index of each batch row
+    k: int  # chain length asked for (0: plain decode)
+    n_draft: list[int]  # drafts each row proposed (<= k; prompt lookup may find fewer)
+    n_accepted: list[int]
+    draft_seconds: float
+    target_seconds: float
+    seconds: float  # the whole round, host work included (admission/prefill excluded)
+
+
+class _Line:
+    """Exponentially weighted least-squares fit of seconds = a + c * width."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.w = self.x = self.xx = self.y = self.xy = 0.0
+
+    def add(self, width: float, seconds: float) -> None:
+        d = self.decay
+        self.w, self.x, self.xx = d * self.w + 1, d * self.x + width, d * self.xx + width * width
+        self.y, self.xy = d * self.y + seconds, d * self.xy + width * seconds
+
+    @property
+    def spread(self) -> float:
+        """Weighted variance of the widths seen (0: one width only, no slope)."""
+        return self.xx / self.w - (self.x / self.w) ** 2
+
+    def fit(self) -> tuple[float, float | None]:
+        """(a, c); c is None until two different widths were seen."""
+        if self.spread < 1e-3:
+            return self.y / self.w, None
+        c = (self.xy / self.w - self.x / self.w * self.y / self.w) / self.spread
+        c = max(c, 0.0)
+        return max(self.y / self.w - c * self.x / self.w, 1e-6), c
+
+
+class AdaptiveK:
+    """Chooses k per round; feed it every finished round with `observe`."""
+
+    def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4, decay: float = 0.95,
+                 ema: float = 0.3,
+                 prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25):
+        if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
+            raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
+        self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
+        self.probe_every, self.probe_idle = probe_every, probe_idle
+        self.prior_weight, self.prior_slope = prior_weight, prior_slope
+        self.alpha = prior_alpha  # acceptance of all rows (moving average): the prior of new rows
+        self.hit_rate = 1.0
+        self.lines: dict[int, _Line] = {}  # batch size -> round seconds against width verified
+        self.rows: dict[int, deque] = {}  # request index -> its recent (accepted, judged, had_draft)
+        self.round_no = 0
+        self.idle = 0  # rounds at k = 0 in a row
+        self.probe_up = False  # probes alternate between the best k - 1 and + 1
+        self.chosen: list[int] = []  # k of every round so far (tests, metrics)
+
+    # -- the decision -------------------------------------------------------------------
+    def choose(self, rows: list[int]) -> int:
+        """k for the next round of a batch whose rows are these request indices."""
+        self.round_no += 1
+        if len(rows) not in self.lines:
+            best = 0  # a batch size never seen: measure plain decoding first, the intercept of its line
+        else:
+            rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
+            best = max(rates, key=rates.get)
+            self.idle = self.idle + 1 if best == 0 else 0
+            if best == 0 and self.idle % self.probe_idle == 0:  # plain decoding learns nothing: draft now and then
+                best = max(range(1, self.k_max + 1), key=rates.get)
+            elif best and self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
+                self.probe_up = not self.probe_up
+                best = min(best + 1, self.k_max) if self.probe_up else best - 1
+        self.chosen.append(best)
+        return best
+
+    def predicted_throughput(self, rows: list[int], k: int) -> float:
+        """Predicted tokens per second of the whole batch for a round of k drafts."""
+        estimates = [self.row_estimates(r) for r in rows]
+        if k == 0:
+            return len(rows) / self.round_seconds(len(rows), 0.0)
+        tokens = sum(h * expected_tokens(alpha, k) + 1 - h for alpha, h in estimates)
+        miss = 1.0
+        for _, h in estimates:
+            miss *= 1 - h
+        return tokens / self.round_seconds(len(rows), k * (1 - miss))
+
+    def row_estimates(self, row: int) -> tuple[float, float]:
+        """(alpha, hit rate) of a row: its recent rounds, smoothed towards all rows'."""
+        acc = judged = hits = n = 0
+        for a, j, h in self.rows.get(row, ()):
+            acc, judged, hits, n = acc + a, judged + j, hits + h, n + 1
+        w = self.prior_weight
+        alpha = (acc + w * self.alpha) / (judged + w)
+        hit = (hits + w * self.hit_rate) / (n + w)
+        return min(alpha, 0.99), hit
+
+    def round_seconds(self, b: int, width: float) -> float:
+        """Predicted seconds of a round at batch size b verifying `width` drafts per row."""
+        if not self.lines:
+            return 1.0 + self.prior_slope * width
+        near = min(self.lines, key=lambda x: (abs(x - b), x))
+        a, c = self.lines[near].fit()
+        if b != near:
+            a *= (b / near) ** 0.5
+        if c is None or b != near:
+            c = a * self._slope_ratio(b)
+        return a + c * width
+
+    def _slope_ratio(self, b: int) -> float:
+        """c/a of the nearest batch size with a fitted slope (the prior if none has)."""
+        fitted = [(x, line.fit()) for x, line in self.lines.items() if line.spread >= 1e-3]
+        if not fitted:
+            return self.prior_slope
+        _, (a, c) = min(fitted, key=lambda item: (abs(item[0] - b), item[0]))
+        return c / a
+
+    # -- learning -------------------------------------------------------------------------
+    def observe(self, record: RoundRecord) -> None:
+        """Learn from a finished round (call before the next `choose`)."""
+        b = len(record.rows)
+        width = max(record.n_draft, default=0) if record.k else 0
+        self.lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
+        live = set(record.rows)
+        self.rows = {r: s for r, s in self.rows.items() if r in live}
+        if record.k == 0:
+            return
+        acc_all = judged_all = 0
+        for row, d, n in zip(record.rows, record.n_draft, record.n_accepted):
+            judged = n + (n < d)
+            self.rows.setdefault(row, deque(maxlen=self.window)).append((n, judged, d > 0))
+            acc_all, judged_all = acc_all + n, judged_all + judged
+        if judged_all:
+            self.alpha += self.ema * (acc_all / judged_all - self.alpha)
+        self.hit_rate += self.ema * (sum(d > 0 for d in record.n_draft) / b - self.hit_rate)

@@ -1,0 +1,231 @@
+"""The engine loop of `specc serve`: one Scheduler, stepped by one worker thread, fanned out to asyncio.
+
+Request handlers (the event loop) call `submit`, which queues a Job and returns at once; the
+worker thread encodes its prompts, hands the sequences to the Scheduler between rounds, runs
+rounds while there is work, and posts every StreamEvent to the job's asyncio.Queue with
+`call_soon_threadsafe`. A job's first message is `Admitted` (or an APIError: a bad prompt),
+then its events. `cancel` (a client that went away) frees the rows at the next round.
+Nothing a request does can stop the thread: a failing round answers every request in flight
+with an error and the engine goes on with a fresh Scheduler.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import traceback
+from dataclasses import dataclass, field
+
+from ..errors import RequestError
+from ..runtime.model import SpecModel
+from ..runtime.scheduler import Scheduler, StreamEvent
+from ..speculation.sampling import SamplingParams
+from .metrics import Metrics
+from .schemas import APIError
+
+_IDLE_POLL_S = 0.05
+
+
+@dataclass
+class Job:
+    """One API request: its prompts (text, token ids, or a chat conversation), n samples of each."""
+
+    prompts: list  # str | list[int] | list[dict] (chat messages) per prompt
+    chat: bool
+    max_tokens: int | None  # None: up to the context limit
+    params: SamplingParams
+    seed: int
+    stop: list[str]
+    n: int = 1
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    indices: list[int] = field(default_factory=list)  # Scheduler index of each choice
+    cancelled: bool = False
+
+
+@dataclass
+class Admitted:
+    prompt_tokens: list[int]  # per choice
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+class AsyncEngine:
+    def __init__(self, model: SpecModel, *, k: int | str | None = "auto", speculative: bool = True,
+                 max_batch: int | None = None, max_queue: int = 256, metrics: Metrics | None = None, log=print):
+        self.model, self.log = model, log
+        self.options = {"speculative": speculative, "k": k, "max_batch": max_batch}
+        self.scheduler = Scheduler(model, **self.options)
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics(max(self.scheduler.k, 1), self.scheduler.max_batch)
+        self.inbox: queue.Queue[Job] = queue.Queue()
+        self.live: dict[int, Job] = {}
+        self._queued = 0  # sequences submitted by handlers and not yet in a batch row
+        self._lock = threading.Lock()
+        self._next_index = itertools.count()
+        self._closing = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    # -- the event loop's side -----------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="specc-engine", daemon=True)
+        self.thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closing.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def queue_depth(self) -> int:
+        """Sequences waiting for a batch row (submitted, not yet prefilled)."""
+        return self._queued
+
+    def submit(self, job: Job) -> Job:
+        """Queue a job (event loop thread); APIError 429 when the queue is full."""
+        need = len(job.prompts) * job.n
+        with self._lock:
+            if self._queued + need > self.max_queue:
+                raise APIError(429, f"the server's queue is full ({self._queued} of {self.max_queue} sequences "
+                                    "waiting); retry later", type="rate_limit_error", code="queue_full",
+                               headers={"Retry-After": "1"})
+            self._queued += need
+            job.loop = asyncio.get_running_loop()
+            job.indices = [next(self._next_index) for _ in range(need)]
+            self.inbox.put(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job (any thread): queued sequences are dropped, running rows freed at the next round."""
+        job.cancelled = True
+        for index in job.indices:
+            self.scheduler.cancel(index)
+
+    # -- the worker thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self._take(wait=not self.scheduler.busy)
+                if not self.scheduler.busy:
+                    self.metrics.idle(self.queue_depth)
+                    continue
+                events = self.scheduler.step()
+                self._count_admitted()
+                if self.scheduler.last_round is not None:
+                    self.metrics.observe_round(self.scheduler.last_round, self.queue_depth)
+                    self.scheduler.last_round = None
+                for ev in events:
+                    self._emit(ev)
+            except Exception as exc:  # a failed round must not take the server down
+                self._abort(exc)
+
+    def _take(self, wait: bool) -> None:
+        try:
+            jobs = [self.inbox.get(timeout=_IDLE_POLL_S) if wait else self.inbox.get_nowait()]
+        except queue.Empty:
+            return
+        while True:
+            try:
+                jobs.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        for job in jobs:
+            self._admit(job)
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled:
+            self._dequeued(len(job.indices))
+            return
+        try:
+            seqs = self._sequences(job)
+        except APIError as exc:
+            self._dequeued(len(job.indices))
+            self._post(job, exc)
+            return
+        except Exception as exc:  # e.g. a chat template that fails on these messages
+            self.log(f"specc serve: could not prepare a request:\n{traceback.format_exc()}")
+            self._dequeued(len(job.indices))
+            self._post(job, APIError(400, f"could not prepare the request: {type(exc).__name__}: {exc}"))
+            return
+        self._post(job, Admitted([len(s.prompt) for s in seqs]))
+        for seq in seqs:
+            self.live[seq.index] = job
+            self.scheduler.submit(seq)
+
+    def _sequences(self, job: Job) -> list:
+        m, lookahead = self.model, self.scheduler.lookahead
+        seqs = []
+        for p, prompt in enumerate(job.prompts):
+            ids = self._encode(prompt, job.chat, p)
+            room = m.max_context - len(ids) - lookahead - 1
+            if room < 1:
+                raise APIError(400, f"the prompt is {len(ids)} tokens; this model's context is {m.max_context} "
+                                    f"tokens (with {lookahead + 1} kept for speculation)",
+                               "messages" if job.chat else "prompt", code="context_length_exceeded")
+            max_tokens = room if job.max_tokens is None else job.max_tokens
+            if max_tokens > room:
+                raise APIError(400, f"max_tokens {max_tokens} + the prompt's {len(ids)} tokens exceed this model's "
+                                    f"context of {m.max_context} tokens (with {lookahead + 1} kept for speculation): "
+                                    f"at most {room} here", "max_tokens", code="context_length_exceeded")
+            for j in range(job.n):
+                index = job.indices[p * job.n + j]
+                seqs.append(m.new_request(index, ids, max_tokens, job.params, job.seed + p * job.n + j, job.stop,
+                                           k=lookahead))
+        return seqs
+
+    def _encode(self, prompt, chat: bool, p: int) -> list[int]:
+        where = "messages" if chat else ("prompt" if p == 0 else f"prompt.{p}")
+        if chat:
+            tok = self.model.tokenizer
+            if not getattr(tok, "chat_template", None):
+                raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", "messages")
+            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            return list(ids)
+        try:
+            return self.model.encode([prompt])[0]
+        except RequestError as exc:
+            raise APIError(400, f"{where}: {str(exc).replace('prompt 0', 'the prompt')}", where) from None
+
+    def _count_admitted(self) -> None:
+        """Sequences the Scheduler has taken from its queue into the batch leave the queue count."""
+        waiting = len(self.scheduler.waiting)
+        with self._lock:
+            self._queued = waiting + self.inbox.qsize()
+
+    def _dequeued(self, n: int) -> None:
+        with self._lock:
+            self._queued -= n
+
+    def _emit(self, ev: StreamEvent) -> None:
+        job = self.live.get(ev.index)
+        if job is None:
+            return
+        if ev.finished:
+            del self.live[ev.index]
+        self._post(job, ev)
+
+    def _post(self, job: Job, item) -> None:
+        try:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, item)
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+    def _abort(self, exc: Exception) -> None:
+        """A round failed: every request in flight gets the error; a fresh Scheduler goes on."""
+        self.log(f"specc serve: a round failed:\n{traceback.format_exc()}")
+        message = f"the engine failed on this batch: {type(exc).__name__}: {exc}"
+        for job in {id(j): j for j in self.live.values()}.values():
+            self._post(job, Failed(message))
+        self.live.clear()
+        self.scheduler = Scheduler(self.model, **self.options)
+        with self._lock:
+            self._queued = self.inbox.qsize()
+

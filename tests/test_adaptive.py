@@ -1,0 +1,201 @@
+"""Adaptive speculation (k "auto"): the policy's choices, and output that stays exact whatever k it picks."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import specc
+from specc.errors import RequestError
+from specc.speculation import sampling
+from specc.runtime.adaptive import AdaptiveK, RoundRecord
+from specc.runtime.scheduler import Scheduler
+from specc.runtime.stats import RunStats
+from specc.speculation.sampling import SamplingParams
+
+from lossless_checks import small_vocab_bundle
+from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
+from test_lossless_sampling import PROMPT, exact_marginals
+
+
+def _feed(policy: AdaptiveK, rows: list[int], k: int, accepted: int, seconds: float, draft: float = 0.0) -> None:
+    policy.observe(RoundRecord(rows, k, [k] * len(rows), [min(accepted, k)] * len(rows), draft, seconds - draft, seconds))
+
+
+def test_policy_drafts_long_when_drafts_are_accepted_and_verify_is_cheap():
+    policy = AdaptiveK(8)
+    _feed(policy, [0], 0, 0, 0.010)
+    for _ in range(10):
+        _feed(policy, [0], 8, 8, 0.012)
+    assert policy.choose([0]) >= 6
+
+
+def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
+    policy = AdaptiveK(4, probe_idle=5)
+    _feed(policy, [0, 1], 0, 0, 0.010)
+    for _ in range(10):
+        _feed(policy, [0, 1], 4, 0, 0.020, draft=0.004)
+    ks = [policy.choose([0, 1]) for _ in range(10)]
+    assert ks.count(0) == 8 and ks[4] > 0 and ks[9] > 0, ks
+
+
+def test_policy_prices_rounds_at_the_batch_size():
+    """Verify cost that grows with the batch: long drafts pay at batch 1 but not at batch 8."""
+    policy = AdaptiveK(4)
+    one, eight = [0], list(range(8))
+    for _ in range(5):
+        _feed(policy, one, 0, 0, 0.010)
+        _feed(policy, one, 4, 2, 0.012)
+        _feed(policy, eight, 0, 0, 0.020)
+        _feed(policy, eight, 4, 2, 0.080)
+    assert policy.choose(one) == 4
+    assert policy.choose(eight) == 0
+
+
+def test_new_rows_start_from_the_acceptance_of_all_rows():
+    policy = AdaptiveK(4)
+    for _ in range(20):
+        _feed(policy, [0], 4, 0, 0.01)
+    alpha_new, _ = policy.row_estimates(99)
+    assert alpha_new < 0.1
+
+
+class FlippingK(AdaptiveK):
+    """A policy that changes k every round (0 included), in a fixed pseudo-random order."""
+
+    def __init__(self, k_max: int):
+        super().__init__(k_max)
+        self.order = itertools.cycle([3, 0, 1, 4, 2, 0, 4, 1, 1, 3, 0, 2])
+
+    def choose(self, rows):
+        k = min(next(self.order), self.k_max)
+        self.chosen.append(k)
+        return k
+
+
+@pytest.fixture(params=["adaptive", "flipping"])
+def policy_kind(request, monkeypatch):
+    if request.param == "flipping":
+        monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    return request.param
+
+
+@pytest.mark.parametrize("kind", ["draft", "wrong", "self", "prompt_lookup", "lookup_first", "early_exit", "verify_head"])
+def test_auto_k_greedy_equals_target_only(bundles, prompts, kind, policy_kind):
+    model = specc.load(bundles[kind])
+    chunk = prompts[:12]
+    fast = model.generate(chunk, max_new_tokens=20, k="auto")
+    stats = model.last_stats.to_dict()
+    slow = model.generate(chunk, max_new_tokens=20, speculative=False)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+    assert stats["rounds"] > 0
+
+
+def test_flipping_policy_really_flips(bundles, prompts, monkeypatch):
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    model = specc.load(bundles["draft"])
+    scheduler = Scheduler(model, k="auto")
+    for i, ids in enumerate(model.encode(prompts[:4])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    while scheduler.busy:
+        scheduler.step()
+    chosen = scheduler.policy.chosen
+    assert len(set(chosen)) >= 4 and sum(a != b for a, b in zip(chosen, chosen[1:])) > len(chosen) // 2
+
+
+def test_auto_k_bad_values_are_refused(bundles):
+    model = specc.load(bundles["draft"])
+    with pytest.raises(RequestError, match="'auto'"):
+        model.generate(["abc"], k="fast")
+
+
+# -- sampling: the exact distribution under adaptive and flipping k -------------------------------
+N, BATCH = 4096, 512
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    return small_vocab_bundle(tmp_path_factory.mktemp("adaptive_vocab"), "onnxruntime")
+
+
+def _draw(bundle, params: SamplingParams):
+    model = specc.load(bundle)
+    out, stats = [], RunStats()
+    for lo in range(0, N, BATCH):
+        done = model.generate([PROMPT] * BATCH, max_new_tokens=3, seed=list(range(lo, lo + BATCH)), k="auto",
+                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        out += [c.token_ids for c in done]
+        stats.merge(model.last_stats)
+    return np.array(out), stats.to_dict()
+
+
+def test_auto_k_sampled_output_has_target_distribution(small_vocab, policy_kind):
+    target, bundle = small_vocab
+    params = SamplingParams(0.8, 6, 0.9)
+    exact = exact_marginals(target, params)
+    samples, stats = _draw(bundle, params)
+    assert 0.01 < stats["acceptance_rate"] < 0.95
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
+def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
+    import torch
+
+    rows = torch.arange(p.shape[0])
+    return n_draft, sampling.sample(p[rows, n_draft], u_next)
+
+
+def test_broken_rule_is_caught_under_flipping_k(small_vocab, monkeypatch):
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
+    target, bundle = small_vocab
+    params = SamplingParams(1.0)
+    exact = exact_marginals(target, params)
+    samples, _ = _draw(bundle, params)
+    assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+# -- cancel --------------------------------------------------------------------------------------
+def test_cancel_frees_the_row_and_leaves_the_others_exact(bundles, prompts):
+    model = specc.load(bundles["draft"])
+    chunk = prompts[:6]
+    want = model.generate(chunk, max_new_tokens=24, k=3)
+    scheduler = Scheduler(model, k="auto", max_batch=3)
+    for i, ids in enumerate(model.encode(chunk)):
+        scheduler.submit(model.new_request(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
+    got: dict[int, list[int]] = {i: [] for i in range(len(chunk))}
+    reasons, rounds = {}, 0
+    while scheduler.busy:
+        if rounds == 2:
+            scheduler.cancel(1)  # running
+            scheduler.cancel(5)  # still queued
+            scheduler.cancel(42)  # unknown: ignored
+        for ev in scheduler.step():
+            got[ev.index] += ev.token_ids
+            if ev.finished:
+                reasons[ev.index] = ev.finish_reason
+        assert scheduler.batch is None or len(scheduler.batch.seqs) <= 3
+        rounds += 1
+    assert reasons[1] == "cancelled" and reasons[5] == "cancelled"
+    for i in (0, 2, 3, 4):
+        assert got[i] == want[i].token_ids and reasons[i] == want[i].finish_reason
+    assert got[5] == [] and got[1] == want[1].token_ids[:len(got[1])]
+
+
+def test_max_batch_is_checked(bundles):
+    model = specc.load(bundles["draft"])
+    with pytest.raises(RequestError, match="max_batch"):
+        Scheduler(model, max_batch=model.max_batch + 1)
+
+
+def test_generate_cli_takes_k_auto(bundles, capsys):
+    from specc.cli import main
+
+    assert main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "auto", "--max-new-tokens", "6",
+                 "--no-verify", "--json"]) == 0
+    assert '"completions"' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "fast"])
+    assert info.value.code == 2 and "'auto'" in capsys.readouterr().err

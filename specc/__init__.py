@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 def load(path, verify: bool = True):
     """Open a compiled bundle (verifying file hashes) and return a SpecModel."""
-    from .runtime.engine import load as _load
+    from .runtime.model import load as _load
 
     return _load(path, verify=verify)
 

@@ -13,7 +13,7 @@ from . import __version__
 from .backends import LowerOptions, get_backend
 from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
-from .capture.export import ModelDims, dim_ranges, example_inputs
+from .capture.shapes import ModelDims, dim_ranges, example_inputs
 from .capture.graph import StepGraph, capture
 from .errors import SpeccError
 from .models.load import check_same_tokenizer, load_model

@@ -1,6 +1,6 @@
-"""Learned draft heads on the target's hidden features: Medusa and EAGLE.
+"""Draft heads: small modules that turn the target's hidden states into draft logits.
 
-`modules.py` holds the torch modules (exported as step graphs into bundles), `store.py`
-reads and writes them (specc's own layout and the published Medusa and EAGLE layouts),
-`train.py` trains them on the CPU from the target's own outputs.
+exit.py: the early-exit head and its trained adapter; medusa.py and eagle.py: the learned
+Medusa heads and EAGLE draft layer (vocab.py: their reduced draft vocabulary); store.py: heads
+on disk (specc's layout, published Medusa and EAGLE-1/2 checkpoints).
 """

@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import ModelError
-from .modules import EagleHead, MedusaHeads
+from .eagle import EagleHead
+from .medusa import MedusaHeads
 
 KINDS = ("medusa", "eagle")
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")

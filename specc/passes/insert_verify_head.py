@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..capture.graph import InputSpec, StepGraph
-from ..runtime.sampling import accept_greedy, accept_sampled, probs_from_logits
+from ..speculation.sampling import accept_greedy, accept_sampled, probs_from_logits
 from .base import GraphPass, has_input, has_output, lacks_output
 
 

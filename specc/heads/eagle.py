@@ -1,23 +1,13 @@
-"""Medusa heads and the EAGLE draft layer as torch modules with step-graph ABIs.
+"""The EAGLE-1/2 draft layer (Li et al. 2024) as a step graph with its own KV cache.
 
-Both read *features*: the target's last hidden state after its final norm (what its LM head
-sees, and what the published Medusa and EAGLE-1/2 heads were trained on), one row per token.
-
-Medusa (Cai et al. 2024): head i maps the feature at position j through `layers` residual
-blocks x + silu(W x + b) and an LM head to a distribution over token j+2+i.
-  graph inputs:  features [B, R, H]
-  graph outputs: logits   [B, R, N, V] float32
-
-EAGLE (Li et al. 2024): one decoder layer over fc([embed(x_{j+1}); f_j]) with its own KV
-cache predicts the next feature f_{j+1}; the target's LM head (or a reduced draft vocabulary)
-reads it. Its output hidden state is fed back as the feature of the next draft step.
+One decoder layer over fc([embed(x_{j+1}); f_j]) predicts the target's next feature f_{j+1}
+(the post-norm last hidden state); the target's LM head rows (or a reduced draft vocabulary)
+read it. The layer's output is fed back as the feature of the next draft step.
   graph inputs:  input_ids, features [B, T, H], position_ids, cache_len, logit_index,
                  k_cache, v_cache ([1, B, H_kv, S, D])
-  graph outputs: logits [B, R, V] float32, hidden [B, T, H], new_k, new_v
-
-A reduced draft vocabulary (`draft_vocab`: target ids of the V' tokens the head predicts) is
-mapped back inside the graph: logits outside it are the float32 minimum, so q is exactly zero
-there and rejection sampling stays exact.
+  graph outputs: logits [B, R, V] float32, hidden [B, T, H], new_k, new_v ([1, B, H_kv, T, D])
+The causal mask over the T new tokens is the step decoder's CausalMask module, so the
+replace_causal_mask pass turns the graph into a tree drafter.
 """
 from __future__ import annotations
 
@@ -28,74 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..capture.step_decoder import CausalMask, StepAttention, StepRMSNorm
-
-NEG = torch.finfo(torch.float32).min
+from .vocab import VocabMap
 
 
 def rms_norm(hidden: int, eps: float) -> StepRMSNorm:
     return StepRMSNorm(SimpleNamespace(weight=nn.Parameter(torch.ones(hidden)), variance_epsilon=eps))
-
-
-class ResBlock(nn.Module):
-    """Medusa's residual block: x + silu(linear(x)), the linear starting at zero (identity)."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.silu(self.linear(x))
-
-
-class VocabMap(nn.Module):
-    """Reduced draft vocabulary → full-vocabulary logits (minimum float outside the draft vocabulary)."""
-
-    def __init__(self, draft_vocab: torch.Tensor | None, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.register_buffer("draft_vocab", None if draft_vocab is None else draft_vocab.long().clone())
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        if self.draft_vocab is None:
-            return logits
-        full = torch.full((*logits.shape[:-1], self.vocab_size), NEG, dtype=logits.dtype, device=logits.device)
-        index = self.draft_vocab.expand(*logits.shape[:-1], -1)
-        return full.scatter(-1, index, logits)
-
-
-class MedusaHeads(nn.Module):
-    """N Medusa heads; `lm_heads` None means every head shares the (frozen) target LM head rows."""
-
-    def __init__(self, hidden: int, n_heads: int, n_layers: int, lm_head_weight: torch.Tensor, vocab_size: int,
-                 draft_vocab: torch.Tensor | None = None, shared_lm_head: bool = True):
-        super().__init__()
-        rows = lm_head_weight if draft_vocab is None else lm_head_weight[draft_vocab]
-        self.heads = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(n_layers))) for _ in range(n_heads))
-        if shared_lm_head:
-            self.shared = nn.Parameter(rows.detach().clone(), requires_grad=False)
-            self.lm_heads = None
-        else:
-            self.shared = None
-            self.lm_heads = nn.ModuleList(nn.Linear(hidden, rows.shape[0], bias=False) for _ in range(n_heads))
-            with torch.no_grad():
-                for lin in self.lm_heads:
-                    lin.weight.copy_(rows)
-        self.vocab = VocabMap(draft_vocab, vocab_size)
-        self.n_heads = n_heads
-
-    def reduced_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """[..., N, V'] logits over the draft vocabulary (training reads these)."""
-        outs = []
-        for i, head in enumerate(self.heads):
-            h = head(features)
-            outs.append(F.linear(h, self.shared) if self.lm_heads is None else self.lm_heads[i](h))
-        return torch.stack(outs, dim=-2)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.vocab(self.reduced_logits(features))
 
 
 class HeadAttention(StepAttention):

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..prompts import STDLIB_MODULES
+from ..bench.prompts import STDLIB_MODULES
 
 TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal", "email.message", "enum",
                  "functools", "gettext", "glob", "gzip", "http.cookies", "inspect", "ipaddress", "locale", "logging",

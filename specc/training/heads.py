@@ -25,9 +25,10 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..errors import SpeccError
-from .data import DataConfig, build_data
-from .modules import EagleHead, MedusaHeads
-from .store import build_head, save_head
+from ..heads.eagle import EagleHead
+from ..heads.medusa import MedusaHeads
+from ..heads.store import build_head, save_head
+from .head_data import DataConfig, build_data
 
 
 @dataclass

@@ -195,7 +195,8 @@ def cmd_train_head(args) -> int:
     loaded = load_model(recipe.target.model)
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every)
-    data_cfg = DataConfig(n_code=args.prompts // 2, n_chat=args.prompts - args.prompts // 2, new_tokens=args.new_tokens)
+    data_cfg = DataConfig(n_code=args.prompts // 2, n_chat=args.prompts - args.prompts // 2, new_tokens=args.new_tokens,
+                          source=args.source)
     output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
     _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfg, output, cache_dir("heads"))
     acc = card["held_out"]["greedy_acceptance_by_position"]
@@ -344,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, choices=("medusa", "eagle"))
     p.add_argument("--prompts", type=int, default=192, help="offline prompts the target answers (half code, half chat)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per answer")
+    p.add_argument("--source", choices=("answers", "text"), default="answers",
+                   help="answers: the target answers offline prompts (best, one target step per token); text: "
+                        "teacher-forced windows of standard-library source (--prompts windows of 256 tokens; cheap)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-seqs", type=int, default=4, help="sequences per training step")
     p.add_argument("--lr", type=float, default=1e-3)

@@ -1,8 +1,15 @@
-"""Self-distillation data for draft heads: the target answers offline prompts, then one forward pass
-over every sequence records its features and next-token top-K. Cached to disk in safetensors.
+"""Self-distillation data for draft heads, cached to disk in safetensors: one forward pass of the
+target over every sequence records its features and its own next-token top-K (the labels).
 
-Prompts: function openings from Python standard-library modules that the benchmark prompt set
-(`specc.prompts`) does not use, and chat instructions built from a fixed list of topics.
+Sequences come from one of two sources:
+- answers: the target answers offline prompts greedily (function openings from Python
+  standard-library modules that the benchmark prompts do not use, and chat instructions built
+  from a fixed list of topics). Closest to what the head sees at run time; costs one target
+  step per generated token.
+- text: windows of those modules' source, teacher-forced. One batched pass per window: the
+  cheap choice on a shared CPU.
+Positions where the sequence continues as the target's greedy choice (`answer`) are where
+held-out acceptance can be measured.
 """
 from __future__ import annotations
 
@@ -47,6 +54,8 @@ class DataConfig:
     top_k: int = 32
     batch: int = 16
     seed: int = 0
+    source: str = "answers"  # or "text"
+    seq_len: int = 256  # text: tokens per window
 
     def key(self, model: str) -> str:
         return hashlib.sha256(json.dumps({"model": model, **asdict(self)}, sort_keys=True).encode()).hexdigest()[:16]
@@ -74,6 +83,19 @@ def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
     chat = [t.format(topic) for topic in TOPICS for t in TEMPLATES]
     rng.shuffle(chat)
     return [(p, False) for p in code[:cfg.n_code]] + [(p, True) for p in chat[:cfg.n_chat]]
+
+
+def text_windows(tokenizer, n: int, seq_len: int) -> list[list[int]]:
+    """n windows of seq_len tokens from the training modules' source files, in order."""
+    ids: list[int] = []
+    for name in TRAIN_MODULES:
+        try:
+            ids += tokenizer(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)["input_ids"]
+        except (ImportError, OSError, TypeError):
+            continue
+        if len(ids) >= n * seq_len:
+            break
+    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(min(n, len(ids) // seq_len))]
 
 
 def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
@@ -144,9 +166,15 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     path = cache / f"heads-data-{key}.safetensors"
     if path.is_file():
         return load_file(str(path)), {"cache": str(path), "reused": True}
-    prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
-    seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch)
+    if cfg.source == "text":
+        seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len)]
+    else:
+        prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
+        seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch)
     data = teacher_pass(model, seqs, cfg.top_k, feature_layers)
+    if cfg.source == "text":  # measurable where the text is what the target would have written
+        argmax = data["top_idx"][..., 0].long()
+        data["answer"][:, 1:] = (data["tokens"][:, 1:] == argmax[:, :-1]) & data["valid"][:, 1:]
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))

@@ -99,26 +99,30 @@ def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float) -> torch.Te
 
 @torch.no_grad()
 def acceptance(head, data: dict, rows: torch.Tensor, depth: int, starts: int = 6) -> list[float]:
-    """Greedy acceptance by draft position on held-out answers: P(drafts 1..i all equal the target argmax).
+    """Greedy acceptance by draft position on held-out sequences: P(drafts 1..i all equal the target argmax).
 
-    Rounds start at `starts` points of each answer: the target has processed x_0..x_o and x_{o+1} is
-    pending; draft i stands for x_{o+1+i} and must equal the target's argmax at o+i.
+    A round starting at o: the target has processed x_0..x_o and x_{o+1} is pending; draft i stands
+    for x_{o+1+i} and must equal the target's argmax at o+i. That argmax was computed on the data's
+    context, so rounds start only where the data continues as the target's greedy choice for the
+    next depth-1 tokens (`answer`; every position of a generated answer).
     """
     hits, total = torch.zeros(depth), 0
     argmax = data["top_idx"][..., 0].long()
     for r in rows.tolist():
-        where = data["answer"][r].nonzero()[:, 0]
-        if len(where) < depth + 2:
+        n = int(data["valid"][r].sum())
+        ok = data["answer"][r, :n].long()
+        if n < depth + 3:
             continue
-        first, last = int(where[0]), int(where[-1])
-        for o in range(first - 1, last - depth, max(1, (last - depth - first) // starts))[:starts]:
+        span = ok[2:].unfold(0, depth - 1, 1).prod(-1) if depth > 1 else ok[2:]
+        candidates = [o for o in span.nonzero()[:, 0].tolist() if o + depth < n]
+        for o in candidates[::max(1, len(candidates) // starts)][:starts]:
             target = argmax[r, o + 1:o + 1 + depth]
             if isinstance(head, MedusaHeads):
                 drafts = head(data["features"][r, o].float())[:depth].argmax(-1)
             else:
                 drafts = _eagle_chain(head, data, r, o, depth)
-            ok = (drafts == target[:len(drafts)]).long().cumprod(-1)
-            hits[:len(ok)] += ok.float()
+            hit = (drafts == target[:len(drafts)]).long().cumprod(-1)
+            hits[:len(hit)] += hit.float()
             total += 1
     return (hits / max(total, 1)).tolist()
 
@@ -198,9 +202,11 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
     output.mkdir(parents=True, exist_ok=True)
     ckpt = output / "checkpoint.safetensors"
     start = _resume(ckpt, head, opt)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)))
-    for _ in range(start):
-        sched.step()
+    def lr_scale(s: int) -> float:  # warm-up then cosine; s counts from the resumed step
+        s += start
+        return min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_scale)
     gen = torch.Generator().manual_seed(cfg.seed + start)
     before = acceptance(head.eval(), data, held, cfg.eval_depth)
     head.train()
@@ -221,7 +227,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             estimate = acceptance(head.eval(), data, held, cfg.eval_depth)
             head.train()
-        if (step + 1) % cfg.checkpoint_every == 0:
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             _checkpoint(ckpt, head, opt, step + 1)
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
                         held_out_accept=",".join(f"{a:.2f}" for a in estimate[:4]))

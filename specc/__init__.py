@@ -4,7 +4,7 @@
     model = specc.load("bundles/quickstart")
     print(model.generate(["def fib(n):"], max_new_tokens=32)[0].text)
 """
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load(path, verify: bool = True):

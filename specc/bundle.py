@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .digest import sha256_of
 from .errors import BundleError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from .version import __version__
 from .backends import LowerOptions, get_backend
 from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
@@ -196,7 +196,7 @@ def _head_info(recipe: Recipe) -> dict | None:
 def _adapter_info(recipe: Recipe) -> dict | None:
     if not recipe.draft.adapter:
         return None
-    from .exit_adapter import adapter_metadata
+    from .heads.exit import adapter_metadata
 
     meta = adapter_metadata(recipe.draft.adapter)
     return {"file": Path(recipe.draft.adapter).name, "info": json.loads(meta["info"])}

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from .errors import RecipeError
-from .limits import MAX_K, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
+from .limits import MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
 from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
@@ -54,8 +54,8 @@ class DraftSpec:
                                 "EAGLE-1/2 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
                              "row finds an n-gram continuation; the model drafts the other rounds")
-    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=16)
-    min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=16)
+    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
+    min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import torch
 import yaml
 
 from ..errors import SpeccError
+from ..limits import MAX_K
 
 
 @dataclass
@@ -142,8 +143,8 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     from .run import SpeccSystem, encode_prompts, median_run
 
     check_bundle(model)
-    if not 1 <= k_max <= 16:
-        raise SpeccError(f"--k-max must be in [1, 16], got {k_max}")
+    if not 1 <= k_max <= MAX_K:
+        raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
     if repeats < 1 or timing_prompts < 1:
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
     if check_k and not all(1 <= k <= k_max for k in check_k):

@@ -26,7 +26,7 @@ def cmd_compile(args) -> int:
 
 
 def _load(args):
-    from .. import load
+    from ..runtime.model import load
 
     return load(args.bundle, verify=not getattr(args, "no_verify", False))
 
@@ -53,13 +53,15 @@ def _sampling_kwargs(args) -> dict:
 
 
 def cmd_generate(args) -> int:
+    from ..runtime.stats import RunStats
     from .format import format_run_stats
 
     model = _load(args)
     items = _read_prompts(args)
     kwargs = dict(_sampling_kwargs(args), stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
-    for chat in sorted({it["chat"] for it in items}):
+    total = RunStats()
+    for chat in sorted({it["chat"] for it in items}):  # chat and plain prompts run as two groups
         idx = [i for i, it in enumerate(items) if it["chat"] == chat]
         if args.stream:
             for ev in model.stream([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
@@ -71,7 +73,8 @@ def cmd_generate(args) -> int:
         else:
             for c in model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
                 texts[idx[c.index]] = c.text
-        stats = model.last_stats.to_dict()
+        total.merge(model.last_stats)
+    stats = total.to_dict()
     if args.json:
         print(json.dumps({"completions": [texts[i] for i in range(len(items))], "stats": stats}, indent=2))
         return 0
@@ -98,7 +101,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .. import load
+    from ..runtime.model import load
     from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
 
     if args.write and not args.recipe:

@@ -59,7 +59,7 @@ class Scheduler:
         self.tree = (tree or default_tree) if self.speculative else None
         self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
         if self.k and not (isinstance(self.k, int) and not isinstance(self.k, bool) and 1 <= self.k <= MAX_K):
-            raise RequestError(f"k must be an integer in [1, {MAX_K}], got {self.k!r}")
+            raise RequestError(f"k must be in [1, {MAX_K}] (an integer), got {self.k!r}")
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()

@@ -36,11 +36,12 @@ def head_bundles(tmp_path_factory):
 @pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree"])
 def test_greedy_equals_target_only(head_bundles, name):
     _, bundles = head_bundles
-    stats = assert_greedy_lossless(bundles[name], token_prompts(24), batch=4, k=None)
+    stats = assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
     assert stats["rounds"] > 0
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree"])
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_tree",
+                                  pytest.param("medusa_tree", marks=pytest.mark.slow)])
 def test_sampled_output_has_target_distribution(head_bundles, name):
     target, bundles = head_bundles
     params = PARAMS[1] if name.endswith("chain") else PARAMS[0]

@@ -20,13 +20,14 @@ STATIC = {"mode": "tree", "tree": {"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]
 
 @pytest.fixture(scope="module")
 def head_bundles(tmp_path_factory):
+    """Random heads on a 24-token target; the EAGLE chain bundle runs on ONNX Runtime, the rest on torch."""
     root = tmp_path_factory.mktemp("heads")
     target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
     medusa = {"method": "medusa", "head": str(make_random_head("medusa", target, root / "medusa", n_heads=3))}
     eagle = {"method": "eagle", "head": str(make_random_head("eagle", target, root / "eagle", scale=1.0))}
     limits = {"max_batch": 512, "max_context": 64}
     return target, {
-        "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, speculation={"k": 3}),
+        "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, backend="torch", speculation={"k": 3}),
         "eagle_chain": build_bundle(root / "ec", target, eagle, limits=limits, speculation={"k": 3}),
         "medusa_tree": build_bundle(root / "mt", target, medusa, limits=limits, backend="torch", speculation=STATIC),
         "eagle_tree": build_bundle(root / "et", target, eagle, limits=limits, backend="torch", speculation=DYNAMIC),

@@ -16,6 +16,8 @@ from .bundle import BundleWriter
 from .capture.shapes import ModelDims, dim_ranges, example_inputs
 from .capture.graph import StepGraph, capture
 from .errors import ModelError, RecipeError, SpeccError
+from .heads.graph import capture_head
+from .heads.store import load_head
 from .models.load import check_same_tokenizer, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
@@ -46,8 +48,10 @@ def _compare(graph: StepGraph, runner, options: LowerOptions) -> dict:
     torch.manual_seed(0)
     device = graph.inputs[0].example.device
     inputs = example_inputs(graph.dims, getattr(torch, graph.dims.dtype), batch=2, tokens=3, cache=5, device=device)
-    extra = [i.example for i in graph.inputs[len(inputs):]]
-    args = [inputs[i.name] for i in graph.inputs[: len(inputs)]] + extra
+    if [i.name for i in graph.inputs[:len(inputs)]] == list(inputs):
+        args = [inputs[i.name] for i in graph.inputs[:len(inputs)]] + [i.example for i in graph.inputs[len(inputs):]]
+    else:  # a draft head (heads/graph.py): its own traced examples
+        args = [i.example for i in graph.inputs]
     with torch.no_grad():
         eager = graph.gm(*args)
     got = runner(*args)
@@ -82,7 +86,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
     method = recipe.draft.method
-    draft_graph = method in ("model", "quantized", "early_exit")
+    draft_graph = method in ("model", "quantized", "early_exit", "medusa", "eagle")
     n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
     stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
     ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)
@@ -105,7 +109,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         with stages.stage("passes"):
             for role, planned in plan.items():
                 if planned.lower_from == role:
-                    for graph_pass in build_pipeline(recipe, role, planned.graph.head["hidden_size"]):
+                    for graph_pass in build_pipeline(recipe, role, planned.graph.head.get("hidden_size")):
                         graph_pass(planned.graph)
             if dump_graphs:
                 _dump(plan, Path(dump_graphs))
@@ -139,7 +143,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
                 "draft": {"method": method, "graph": "draft" if draft_graph else None,
                           "shares_target_cache": method == "early_exit", "layer": recipe.draft.layer,
-                          "adapter": _adapter_info(recipe)},
+                          "adapter": _adapter_info(recipe), "head": _head_info(recipe)},
                 "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
                 "graphs": entries,
                 "compile_seconds": stages.timings,
@@ -182,7 +186,28 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
         return PlannedGraph(capture("draft", draft.model, ranges), quant, "draft")
     if method == "early_exit":  # the target traced again; passes cut it after draft.layer
         return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
+    if method in ("medusa", "eagle"):  # a learned head over the target's features (passes/add_feature_outputs.py)
+        return PlannedGraph(capture_head("draft", _load_head(recipe, target)[0], ranges), base, "draft")
     raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, early_exit, none")
+
+
+def _load_head(recipe: Recipe, target) -> tuple[torch.nn.Module, dict]:
+    head, config = load_head(recipe.draft.head, target.model)
+    if config["kind"] != recipe.draft.method:
+        raise SpeccError(f"draft.head {recipe.draft.head} is a {config['kind']} head, but draft.method is {recipe.draft.method!r}")
+    return head, config
+
+
+def _head_info(recipe: Recipe) -> dict | None:
+    """What the manifest records about a Medusa/EAGLE head (its weights are inside the draft graph)."""
+    if recipe.draft.method not in ("medusa", "eagle"):
+        return None
+    head = Path(recipe.draft.head)
+    config = json.loads((head / "config.json").read_text())
+    card = json.loads((head / "card.json").read_text()) if (head / "card.json").is_file() else None
+    return {"source": head.name, "config": config,
+            "held_out": card.get("held_out") if card else None,
+            "heads": config.get("medusa_num_heads")}
 
 
 def _adapter_info(recipe: Recipe) -> dict | None:

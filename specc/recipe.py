@@ -20,7 +20,7 @@ from .limits import MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TR
 from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
-DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "none")
+DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
@@ -51,6 +51,8 @@ class DraftSpec:
     quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8", "int4"))
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1, hi=1 << 16)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
+    head: str | None = _f(None, "method: medusa or eagle — head directory from `specc train-head`, or a published Medusa / "
+                                "EAGLE-1/2 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
                              "row finds an n-gram continuation; the model drafts the other rounds")
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
@@ -180,6 +182,11 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":
         raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
+    if d.method in ("medusa", "eagle") and not d.head:
+        raise RecipeError("draft.head", f"required when draft.method is {d.method!r}: a directory from `specc train-head "
+                          f"--kind {d.method}` or a published {d.method} head")
+    if d.head and d.method not in ("medusa", "eagle"):
+        raise RecipeError("draft.head", f"only used with draft.method 'medusa' or 'eagle', not {d.method!r}")
     if d.lookup and d.method not in ("model", "quantized", "early_exit"):
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
                           f"early_exit), not {d.method!r}")
@@ -201,8 +208,9 @@ def _check_consistency(r: Recipe) -> None:
     if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
         raise RecipeError("speculation.verify_head", "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":
-        if d.method not in ("model", "quantized", "early_exit"):
-            raise RecipeError("speculation.mode", f"tree speculation needs a draft model (draft.method model, quantized or early_exit), not {d.method!r}")
+        if d.method not in ("model", "quantized", "early_exit", "medusa", "eagle"):
+            raise RecipeError("speculation.mode", f"tree speculation needs a draft model or head (draft.method model, quantized, "
+                              f"early_exit, medusa or eagle), not {d.method!r}")
         try:
             TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
         except ValueError as exc:
@@ -252,7 +260,8 @@ def _resolve(value: str | None, base: Path) -> str | None:
 def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
     """Return the recipe with model and adapter paths made absolute against base."""
     target = dataclasses.replace(recipe.target, model=_resolve(recipe.target.model, base))
-    draft = dataclasses.replace(recipe.draft, model=_resolve(recipe.draft.model, base), adapter=_resolve(recipe.draft.adapter, base))
+    draft = dataclasses.replace(recipe.draft, model=_resolve(recipe.draft.model, base), adapter=_resolve(recipe.draft.adapter, base),
+                                head=_resolve(recipe.draft.head, base))
     return dataclasses.replace(recipe, target=target, draft=draft)
 
 

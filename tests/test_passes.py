@@ -148,3 +148,39 @@ def test_insert_verify_head_equals_host_acceptance(hf):
                             params.top_k, params.top_p, u[:, :k], u[:, k])
     assert n_acc.tolist() == want[0].tolist() and nxt.tolist() == want[1].tolist()
     assert n_acc[1] == 1
+
+
+def test_add_feature_outputs_returns_every_tokens_features(hf):
+    from specc.passes.add_feature_outputs import AddFeatureOutputs
+
+    ids = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        ref = hf.model(ids, output_hidden_states=True)
+    dims = None
+    # HF's last hidden_states entry is after the final norm; earlier ones are layer outputs
+    for layers, expect in ((None, ref.last_hidden_state), ((0, 0), torch.cat([ref.hidden_states[1]] * 2, -1))):
+        graph = capture("target", hf, dim_ranges(4, 64))
+        AddFeatureOutputs(layers)(graph)
+        assert graph.outputs == ["logits", "new_k", "new_v", "features"]
+        dims = graph.dims
+        empty = torch.zeros(dims.n_layers, 2, dims.n_kv_heads, 0, dims.head_dim)
+        program = graph.export().module()
+        logits, _, _, feats = _run(program, ids, torch.arange(7).expand(2, 7), torch.zeros(2, dtype=torch.long),
+                                   torch.full((2, 1), 6), empty, empty)
+        assert feats.shape == expect.shape
+        assert (feats - expect).abs().max() < 1e-4
+        assert (logits[:, 0] - hf.lm_head(ref.last_hidden_state[:, -1])).abs().max() < 1e-4
+    with pytest.raises(PassContractError, match="requires no graph output 'features'"):
+        AddFeatureOutputs()(graph)
+    with pytest.raises(ValueError, match="feature layers must be in"):
+        AddFeatureOutputs((5,))(capture("target", hf, dim_ranges(4, 64)))
+
+
+def test_verify_head_keeps_the_feature_output(hf):
+    from specc.passes.add_feature_outputs import AddFeatureOutputs
+    from specc.passes.insert_verify_head import InsertVerifyHead
+
+    graph = capture("target", hf, dim_ranges(4, 64))
+    AddFeatureOutputs()(graph)
+    InsertVerifyHead()(graph)
+    assert graph.outputs == ["n_accepted", "next_token", "new_k", "new_v", "features"]

@@ -229,6 +229,31 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_train_head(args) -> int:
+    from ..models.cache import cache_dir
+    from ..models.load import load_model
+    from ..recipe import load_recipe
+    from ..training.head_data import DataConfig
+    from ..training.heads import TrainConfig, train_head
+
+    recipe = load_recipe(args.recipe)
+    loaded = load_model(recipe.target.model)
+    cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
+                      draft_vocab=args.draft_vocab or None, eval_every=args.eval_every)
+    data_cfg = DataConfig(n_code=args.prompts // 2, n_chat=args.prompts - args.prompts // 2, new_tokens=args.new_tokens,
+                          source=args.source)
+    output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
+    _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfg, output, cache_dir("heads"))
+    acc = card["held_out"]["greedy_acceptance_by_position"]
+    print(f"{args.kind} head for {recipe.target.model}: {card['data']['tokens']} tokens, {card['steps']} steps, "
+          f"{card['train_seconds']:.0f} s training")
+    print("held-out greedy acceptance by position: " + ", ".join(f"{a:.2f}" for a in acc)
+          + f" (expected {card['held_out']['expected_accepted_per_round']:.2f} drafts accepted per round)")
+    print(f"head: {output} (config.json, model.safetensors, card.json); use it with draft.method: {args.kind}, "
+          f"draft.head: {output}")
+    return 0
+
+
 def cmd_train_exit_head(args) -> int:
     from ..heads.exit import save_adapter
     from ..models.load import load_model
@@ -387,6 +412,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("passes", help="list the graph passes with their contracts")
     p.set_defaults(func=cmd_passes)
+
+    p = sub.add_parser("train-head", help="train a Medusa or EAGLE draft head on the recipe's target (CPU, self-distillation)")
+    p.add_argument("recipe", type=Path, help="recipe whose target.model the head drafts for")
+    p.add_argument("--kind", required=True, choices=("medusa", "eagle"))
+    p.add_argument("--prompts", type=int, default=192, help="offline prompts the target answers (half code, half chat)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per answer")
+    p.add_argument("--source", choices=("answers", "text"), default="answers",
+                   help="answers: the target answers offline prompts (best, one target step per token); text: "
+                        "teacher-forced windows of standard-library source (--prompts windows of 256 tokens; cheap)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-seqs", type=int, default=4, help="sequences per training step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0: the full vocabulary)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out acceptance estimates")
+    p.add_argument("-o", "--output", type=Path, help="head directory (default heads/<target>-<kind>); rerunning resumes")
+    p.set_defaults(func=cmd_train_head)
 
     p = sub.add_parser("train-exit-head", help="train an early-exit adapter on a local text corpus (CPU)")
     p.add_argument("model", help="catalog name, Hugging Face directory or .gguf file (the target)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..recipe import Recipe
 from .add_early_exit import AddEarlyExit
+from .add_feature_outputs import AddFeatureOutputs
 from .base import GraphPass, PassContractError
 from .insert_verify_head import InsertVerifyHead
 from .replace_causal_mask import ReplaceCausalMask
@@ -19,8 +20,10 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPas
 
             adapter = load_adapter(recipe.draft.adapter, recipe.draft.layer, hidden_size)
         passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]
-    if recipe.speculation.mode == "tree":
-        passes.append(ReplaceCausalMask())
+    if role == "target" and recipe.draft.method in ("medusa", "eagle"):
+        passes.append(AddFeatureOutputs())
+    if recipe.speculation.mode == "tree" and not (role == "draft" and recipe.draft.method == "medusa"):
+        passes.append(ReplaceCausalMask())  # Medusa heads read one feature per row: no attention to mask
     if role == "target" and recipe.speculation.verify_head:
         passes.append(InsertVerifyHead())
     return passes
@@ -36,6 +39,6 @@ def describe_passes() -> str:
     return "\n".join(lines) if lines else "no passes registered"
 
 
-ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, ReplaceCausalMask, InsertVerifyHead]
+ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, AddFeatureOutputs, ReplaceCausalMask, InsertVerifyHead]
 
 __all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

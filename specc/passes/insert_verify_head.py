@@ -67,6 +67,8 @@ class InsertVerifyHead(GraphPass):
             call = graph.gm.graph.call_module("verify_head", (nodes["logits"], *head_inputs))
             n_acc = graph.gm.graph.call_function(operator.getitem, (call, 0))
             nxt = graph.gm.graph.call_function(operator.getitem, (call, 1))
-        graph.set_outputs(["n_accepted", "next_token", "new_k", "new_v"], [n_acc, nxt, nodes["new_k"], nodes["new_v"]])
+        rest = [n for n in graph.outputs if n not in ("logits", "new_k", "new_v")]  # e.g. features for a draft head
+        graph.set_outputs(["n_accepted", "next_token", "new_k", "new_v", *rest],
+                          [n_acc, nxt, nodes["new_k"], nodes["new_v"], *(nodes[n] for n in rest)])
         return "acceptance in graph: outputs n_accepted, next_token [batch] instead of logits [batch, rows, vocab]"
 

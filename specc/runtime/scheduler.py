@@ -24,6 +24,7 @@ from .kv_cache import KVCache
 from .state import Batch, Request
 from .stats import RunStats
 from .step import pad_right
+from .target import Verdict
 
 if TYPE_CHECKING:
     from .model import SpecModel
@@ -140,6 +141,7 @@ class Scheduler:
             cache.commit(verdict.new_k, verdict.new_v, lengths)
             if self.speculative:
                 self.drafter.prefill(batch, ids, lengths)
+                self.drafter.after_prefill(batch, lengths, verdict)
         return batch, [[t] for t in verdict.next_token.tolist()]
 
     def _target_round(self, batch: Batch) -> list[list[int]]:
@@ -187,8 +189,8 @@ class Scheduler:
             ids, depth, mask = tree_tensors(trees, first=0, device=cache.lengths.device)
             cache.ensure(int(cache.lengths.max()) + ids.shape[1])
             rows = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-            logits, new_k, new_v = self.target.logits(ids, cache, rows, positions=cache.lengths[:, None] + depth,
-                                                      tree_mask=mask)
+            outputs = self.target.outputs(ids, cache, rows, positions=cache.lengths[:, None] + depth, tree_mask=mask)
+            logits, new_k, new_v = outputs["logits"], outputs["new_k"], outputs["new_v"]
         u = batch.noise(shape.size + 2)
         probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
         paths, out, depth_acc = [], [], ([], [])
@@ -205,7 +207,11 @@ class Scheduler:
             out.append([tree.tokens[node] for node in path[1:]] + [nxt])
         index, counts = pad_right(paths, cache.lengths.device)
         cache.commit(new_k, new_v, counts, index=index)
-        self.drafter.after_verify(batch, None)
+        # further target outputs (features for a draft head) in accepted-path order, like a chain's
+        extra = {n: torch.gather(v, 1, index.view(*index.shape, *[1] * (v.dim() - 2)).expand(-1, -1, *v.shape[2:]))
+                 for n, v in outputs.items() if n not in ("logits", "new_k", "new_v")}
+        next_token = torch.tensor([o[-1] for o in out], device=cache.lengths.device)
+        self.drafter.after_verify(batch, Verdict(counts - 1, next_token, new_k, new_v, extra))
         return out, depth_acc
 
     # -- joining and leaving ----------------------------------------------------------------

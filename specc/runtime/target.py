@@ -63,6 +63,11 @@ class Target:
         """(logits [B, R, V], new_k, new_v) of one pass: tree rounds accept on the host."""
         return self.step(ids, cache, logit_index=rows, positions=positions, tree_mask=tree_mask)[:3]
 
+    def outputs(self, ids: torch.Tensor, cache: KVCache, rows: torch.Tensor, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Every output of one pass by name (tree rounds: logits, new_k, new_v and e.g. features)."""
+        return dict(zip(self.output_names, self.step(ids, cache, logit_index=rows, positions=positions, tree_mask=tree_mask)))
+
     def _head_call(self, cache, ids, rows, params, u_next, proposal, u_accept) -> dict[str, torch.Tensor]:
         """The verification head's inputs. Without drafts (prefill, plain decode, an empty lookup)
         it gets one dummy draft and n_draft 0, so it samples the next token from the first row."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...errors import BundleError
 from .base import DraftContext, Drafter, Proposal
+from .heads import EagleDrafter, MedusaDrafter
 from .lookup import LookupFirstDrafter, PromptLookupDrafter
 from .model import ModelDrafter, SharedCacheDrafter
 
@@ -12,6 +13,8 @@ REGISTRY: dict[str, type[Drafter]] = {
     "quantized": ModelDrafter,
     "early_exit": SharedCacheDrafter,
     "prompt_lookup": PromptLookupDrafter,
+    "medusa": MedusaDrafter,
+    "eagle": EagleDrafter,
 }
 
 
@@ -28,5 +31,5 @@ def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
     return drafter
 
 
-__all__ = ["REGISTRY", "DraftContext", "Drafter", "LookupFirstDrafter", "ModelDrafter", "PromptLookupDrafter",
+__all__ = ["REGISTRY", "DraftContext", "Drafter", "EagleDrafter", "MedusaDrafter", "LookupFirstDrafter", "ModelDrafter", "PromptLookupDrafter",
            "Proposal", "SharedCacheDrafter", "build_drafter"]

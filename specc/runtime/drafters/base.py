@@ -61,6 +61,10 @@ class Drafter:
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         """Take in the prompts (ids [B, T] right-padded, lengths [B]) once the target has."""
 
+    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+        """Called once the prompts' target pass is committed, with its verdict (`extra` holds further
+        outputs of the target graph over the prompt tokens, e.g. `features`): for drafters that read them."""
+
     def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise."""
         raise NotImplementedError

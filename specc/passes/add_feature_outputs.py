@@ -1,0 +1,65 @@
+"""add_feature_outputs: the target graph also returns the hidden features a learned draft head reads.
+
+requires: outputs new_k (a step graph) and no features output yet; the captured layer modules
+  (`layers.N`) and the final-norm facts (StepGraph.head).
+ensures:  output features [B, T, F] for every one of the T new tokens (not only the logit_index
+  rows: an EAGLE draft needs the features of every prompt token at prefill, and every accepted
+  token afterwards). Without `layers`: the last layer's hidden state after the final norm,
+  F = hidden (what the LM head reads; what Medusa and EAGLE-1/2 heads are trained on). With
+  `layers` (EAGLE-3): the outputs of those layers before any norm, concatenated, F = len * hidden.
+  The features come from the same pass as the logits: no extra target pass.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..capture.graph import StepGraph
+from .base import GraphPass, has_output, lacks_output
+
+
+class FinalNorm(nn.Module):
+    """The target's final RMSNorm over all new tokens (its own weight, shared with the graph)."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, offset: float):
+        super().__init__()
+        self.weight, self.eps, self.offset = weight, eps, offset
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float() + self.offset if self.offset else self.weight.float()
+        return F.rms_norm(hidden.float(), (hidden.shape[-1],), weight, self.eps).to(hidden.dtype)
+
+
+class AddFeatureOutputs(GraphPass):
+    """Hidden features of every new token as an extra output, for Medusa and EAGLE heads."""
+
+    name = "add_feature_outputs"
+    requires = (has_output("new_k"), lacks_output("features"))
+    ensures = (has_output("features"),)
+
+    def __init__(self, layers: tuple[int, ...] | None = None):
+        self.layers = tuple(layers) if layers else None
+
+    def apply(self, graph: StepGraph) -> str:
+        n_layers = graph.dims.n_layers
+        gm = graph.gm
+        out = graph.output_nodes()
+        anchor = gm.graph.find_nodes(op="output")[0]
+        if self.layers is None:
+            gm.add_submodule("feature_norm", FinalNorm(gm.get_parameter("norm.weight"), graph.head["norm_eps"],
+                                                       graph.head["norm_offset"]))
+            hidden = graph.module_output(f"layers.{n_layers - 1}")
+            with gm.graph.inserting_before(anchor):
+                node = gm.graph.call_module("feature_norm", (hidden,))
+            what = f"features: layer {n_layers} hidden state after the final norm, every new token"
+        else:
+            bad = [i for i in self.layers if not 0 <= i < n_layers]
+            if bad:
+                raise ValueError(f"feature layers must be in [0, {n_layers - 1}] for this {n_layers}-layer target, got {bad}")
+            parts = [graph.module_output(f"layers.{i}") for i in self.layers]
+            with gm.graph.inserting_before(anchor):
+                node = gm.graph.call_function(torch.cat, (parts, -1))
+            what = f"features: outputs of layers {', '.join(map(str, self.layers))} concatenated, every new token"
+        graph.set_outputs(graph.outputs + ["features"], out + [node])
+        return what

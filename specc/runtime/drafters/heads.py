@@ -1,0 +1,220 @@
+"""Drafters over the target's own features: Medusa heads and the EAGLE draft layer.
+
+The target graph returns `features` for every token it runs (passes/add_feature_outputs.py);
+the scheduler hands them over in the verdict of prefill and of every round, in committed order
+(the accepted path, for trees). Row j of a verdict's features belongs to the j-th committed token.
+
+Medusa keeps one feature per row: the last committed token's. Head i reads it and proposes the
+token i+2 positions later; the heads' distributions are independent of each other, so the q of
+draft i is exactly head i's distribution whatever was drafted before it.
+
+EAGLE keeps a one-layer KV cache of entries (f_j, x_{j+1}) at position j and the features of the
+committed tokens not yet entered. A round enters them (their KV is kept), then drafts
+autoregressively, feeding its own output hidden state as the next entry's feature; those
+speculative entries are dropped when the round ends, since the target's true features replace them.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...speculation.sampling import RowParams, choose, probs_from_logits
+from ...speculation.tree import DraftTree, TreeShape, tree_tensors
+from ..kv_cache import KVCache
+from ..state import Batch
+from ..step import StepRunner, pad_right
+from .base import DraftContext, Drafter, Proposal
+from .model import _expand
+
+
+class LastFeatures:
+    """Medusa's per-row state: the last committed token's feature [B, F], kept row for row with the batch."""
+
+    def __init__(self, last: torch.Tensor):
+        self.last = last
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.last = self.last.index_select(0, rows)
+
+    def extend(self, other: "LastFeatures") -> None:
+        self.last = torch.cat([self.last, other.last])
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads: one call of the head graph per round drafts every position (chain or tree)."""
+
+    kind = "medusa"
+    supports_tree = True
+
+    def __init__(self, step: StepRunner):
+        self.step = step
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "MedusaDrafter":
+        return cls(ctx.open_graph(ctx.graph))
+
+    def heads(self, batch: Batch) -> torch.Tensor:
+        """[B, N, V] logits of every head at each row's last committed token."""
+        (logits,) = self.step.runner(batch.draft_cache.last[:, None].contiguous())
+        return logits[:, 0]
+
+    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+        feats = verdict.extra["features"]
+        batch.draft_cache = LastFeatures(feats[torch.arange(len(lengths)), lengths - 1])
+
+    def after_verify(self, batch: Batch, verdict) -> None:
+        feats = verdict.extra["features"]
+        batch.draft_cache.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        logits = self.heads(batch)
+        k = min(k, logits.shape[1])
+        noise = batch.noise(k)
+        tokens, probs = [], []
+        for i in range(k):
+            tok, q = choose(logits[:, i], params, noise[:, i])
+            tokens.append(tok)
+            probs.append(q)
+        q = None if params.all_greedy else torch.stack(probs, 1)
+        tokens = torch.stack(tokens, 1)
+        return Proposal(tokens, q, torch.full((tokens.shape[0],), k, dtype=torch.long, device=tokens.device), self.kind)
+
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        """Level l's candidates come from head l at every node of that level (top tokens, or i.i.d. draws)."""
+        logits = self.heads(batch)
+        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
+        noise = batch.noise(shape.size + 1)
+        frontier = [[0] for _ in trees]
+        for level in range(1, min(shape.depth, logits.shape[1]) + 1):
+            level_logits = logits[:, level - 1]
+            probs = None if params.all_greedy else probs_from_logits(level_logits, params.temperature, params.top_k, params.top_p)
+            logq = torch.log_softmax(level_logits.float(), -1)
+            frontier = [
+                _expand(tree, frontier[b], None if params.greedy[b] else probs[b].expand(len(frontier[b]), -1),
+                        logq[b].expand(len(frontier[b]), -1), shape, level, noise[b])
+                for b, tree in enumerate(trees)
+            ]
+            if not any(frontier):
+                break
+        return trees
+
+    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        return lambda: self.heads(batch)
+
+
+class EagleCache(KVCache):
+    """EAGLE's one-layer KV cache plus, per row, the features of committed tokens not yet entered."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.todo: list[torch.Tensor] = []
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        super().keep_rows(rows)
+        self.todo = [self.todo[r] for r in rows.tolist()]
+
+    def extend(self, other: "EagleCache") -> None:
+        super().extend(other)
+        self.todo += other.todo
+
+
+class EagleDrafter(Drafter):
+    """The EAGLE draft layer: chains drafted autoregressively, or EAGLE-2 style trees grown by draft
+    confidence within the node budget (dynamic) or along static paths."""
+
+    kind = "eagle"
+    supports_tree = True
+
+    def __init__(self, step: StepRunner, max_context: int):
+        self.step, self.max_context = step, max_context
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "EagleDrafter":
+        return cls(ctx.open_graph(ctx.graph), ctx.max_context)
+
+    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+        cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
+        feats = verdict.extra["features"]
+        cache.todo = [feats[b, :n] for b, n in enumerate(lengths.tolist())]
+        batch.draft_cache = cache
+
+    def after_verify(self, batch: Batch, verdict) -> None:
+        cache: EagleCache = batch.draft_cache
+        feats = verdict.extra["features"]
+        cache.todo = [torch.cat([t, feats[b, :n + 1]]) for b, (t, n) in enumerate(zip(cache.todo, verdict.n_accepted.tolist()))]
+
+    def _enter(self, batch: Batch, room: int):
+        """Enter every row's pending entries (kept); returns the logits [B, 1, V] and hidden [B, 1, H] of
+        each row's last entry, whose token is the row's pending token."""
+        cache: EagleCache = batch.draft_cache
+        starts = cache.lengths.tolist()
+        ids, n_feed = pad_right([s.tokens[j + 1:j + 1 + len(t)] for s, j, t in zip(batch.seqs, starts, cache.todo)],
+                                cache.lengths.device)
+        feats = torch.zeros(ids.shape[0], ids.shape[1], cache.todo[0].shape[-1], dtype=cache.todo[0].dtype,
+                            device=ids.device)
+        for b, t in enumerate(cache.todo):
+            feats[b, :len(t)] = t
+        cache.ensure(max(starts) + ids.shape[1] + room)
+        last = (n_feed - 1)[:, None]
+        logits, hidden, new_k, new_v = self.step(ids, cache, logit_index=last, features=feats)
+        cache.commit(new_k, new_v, n_feed)
+        cache.todo = [t[:0] for t in cache.todo]
+        return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        cache: EagleCache = batch.draft_cache
+        logits, hidden = self._enter(batch, k)
+        kept = cache.lengths.clone()
+        noise = batch.noise(k)
+        tokens, probs = [], []
+        first = torch.zeros_like(kept)[:, None]
+        for i in range(k):
+            tok, q = choose(logits[:, 0], params, noise[:, i])
+            tokens.append(tok)
+            probs.append(q)
+            if i + 1 < k:
+                logits, hidden, new_k, new_v = self.step(tok[:, None], cache, logit_index=first, features=hidden)
+                cache.commit(new_k, new_v, torch.ones_like(kept))
+        cache.lengths = kept  # speculative entries carry draft features: never kept
+        q = None if params.all_greedy else torch.stack(probs, 1)
+        return Proposal(torch.stack(tokens, 1), q, torch.full_like(kept, k), self.kind)
+
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        """Level by level: every drafted node is an entry (its parent's output hidden state, its token)
+        at position depth-based; the node's output hidden state feeds its children."""
+        cache: EagleCache = batch.draft_cache
+        logits, root_hidden = self._enter(batch, shape.size)
+        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
+        hidden_of = [{0: root_hidden[b, 0]} for b in range(len(trees))]
+        noise = batch.noise(shape.size + 1)
+        frontier = [[0] for _ in trees]
+        for level in range(1, shape.depth + 1):
+            probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+            logq = torch.log_softmax(logits.float(), -1)
+            frontier = [
+                _expand(tree, frontier[b], None if params.greedy[b] else probs[b], logq[b], shape, level, noise[b])
+                for b, tree in enumerate(trees)
+            ]
+            if level == shape.depth or not any(frontier):
+                break
+            ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
+            feats = torch.zeros(ids.shape[0], ids.shape[1], root_hidden.shape[-1], dtype=root_hidden.dtype, device=ids.device)
+            for b, tree in enumerate(trees):
+                for node in range(1, len(tree.tokens)):
+                    feats[b, node - 1] = hidden_of[b][tree.parent[node]]
+            index, _ = pad_right([[n - 1 for n in f] or [0] for f in frontier], cache.lengths.device)
+            positions = cache.lengths[:, None] - 1 + depth
+            logits, hidden, _, _ = self.step(ids, cache, logit_index=index, positions=positions, tree_mask=mask,
+                                             features=feats)
+            for b, f in enumerate(frontier):
+                for node in f:
+                    hidden_of[b][node] = hidden[b, node - 1]
+        return trees
+
+    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        cache: EagleCache = batch.draft_cache
+        pending = batch.pending[:, None]
+        feats = torch.zeros(pending.shape[0], 1, cache.todo[0].shape[-1])
+        first = torch.zeros_like(pending)
+        return lambda: self.step(pending, cache, logit_index=first, features=feats)

@@ -1,0 +1,182 @@
+"""Self-distillation data for draft heads, cached to disk in safetensors: one forward pass of the
+target over every sequence records its features and its own next-token top-K (the labels).
+
+Sequences come from one of two sources:
+- answers: the target answers offline prompts greedily (function openings from Python
+  standard-library modules that the benchmark prompts do not use, and chat instructions built
+  from a fixed list of topics). Closest to what the head sees at run time; costs one target
+  step per generated token.
+- text: windows of those modules' source, teacher-forced. One batched pass per window: the
+  cheap choice on a shared CPU.
+Positions where the sequence continues as the target's greedy choice (`answer`) are where
+held-out acceptance can be measured.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import inspect
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..bench.prompts import STDLIB_MODULES
+
+TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal", "email.message", "enum",
+                 "functools", "gettext", "glob", "gzip", "http.cookies", "inspect", "ipaddress", "locale", "logging",
+                 "mailbox", "netrc", "operator", "optparse", "pprint", "queue", "random", "re", "sched", "selectors",
+                 "shutil", "smtplib", "socketserver", "tarfile", "tempfile", "threading", "tokenize", "traceback",
+                 "typing", "unittest.case", "urllib.parse", "uuid", "wave", "zipfile")
+
+TOPICS = ("the moon", "volcanoes", "photosynthesis", "the Roman empire", "honey bees", "black holes", "chess",
+          "the printing press", "rainbows", "electric cars", "the human heart", "coffee", "jazz music", "glaciers",
+          "the internet", "vaccines", "penguins", "the French revolution", "solar panels", "sleep", "tea",
+          "earthquakes", "dinosaurs", "the stock market", "recycling", "bread baking", "the Olympic games",
+          "sorting algorithms", "git branches", "unit tests", "SQL joins", "linked lists", "regular expressions",
+          "HTTP requests", "password security", "time management", "public speaking", "gardening", "origami",
+          "the water cycle")
+TEMPLATES = ("Explain {} in simple terms.", "Write a short paragraph about {}.", "Give me three facts about {}.",
+             "What are common misconceptions about {}?", "Write a haiku about {}.", "How would you teach {} to a child?")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    n_code: int = 96
+    n_chat: int = 96
+    new_tokens: int = 128
+    max_prompt_tokens: int = 192
+    top_k: int = 32
+    batch: int = 16
+    seed: int = 0
+    source: str = "answers"  # or "text"
+    seq_len: int = 256  # text: tokens per window
+
+    def key(self, model: str) -> str:
+        return hashlib.sha256(json.dumps({"model": model, **asdict(self)}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
+    """(text, chat) pairs: stdlib function openings (not the benchmark's modules) and chat instructions."""
+    rng = random.Random(cfg.seed)
+    code = []
+    for name in TRAIN_MODULES:
+        if name in STDLIB_MODULES:
+            continue
+        try:
+            source = inspect.getsource(importlib.import_module(name))
+        except (ImportError, OSError, TypeError):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and len(node.body) > 3:
+                end = node.body[1 if ast.get_docstring(node) else 0].lineno + 1
+                text = "\n".join(lines[node.lineno - 1:end])
+                if 80 <= len(text) <= 1200:
+                    code.append(inspect.cleandoc("\n" + text) + "\n")
+    rng.shuffle(code)
+    chat = [t.format(topic) for topic in TOPICS for t in TEMPLATES]
+    rng.shuffle(chat)
+    return [(p, False) for p in code[:cfg.n_code]] + [(p, True) for p in chat[:cfg.n_chat]]
+
+
+def text_windows(tokenizer, n: int, seq_len: int) -> list[list[int]]:
+    """n windows of seq_len tokens from the training modules' source files, in order."""
+    ids: list[int] = []
+    for name in TRAIN_MODULES:
+        try:
+            ids += tokenizer(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)["input_ids"]
+        except (ImportError, OSError, TypeError):
+            continue
+        if len(ids) >= n * seq_len:
+            break
+    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(min(n, len(ids) // seq_len))]
+
+
+def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+    else:
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return list(ids)[-limit:]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int) -> list[tuple[list[int], int]]:
+    """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    out = []
+    for lo in tqdm(range(0, len(prompts), batch), desc="target answers", unit="batch"):
+        group = prompts[lo:lo + batch]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=pad)
+        eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+                  else [model.generation_config.eos_token_id])
+        for p, row in zip(group, gen[:, width:].tolist()):
+            answer = []
+            for t in row:
+                if t in eos:
+                    break
+                answer.append(t)
+            out.append((p + answer, len(p)))
+    return out
+
+
+@torch.no_grad()
+def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None = None) -> dict:
+    """tokens, valid and answer masks [N, T]; features [N, T, F] fp16 (post-norm last hidden state, or the
+    given layers' outputs concatenated); the target's top-K next-token values/ids [N, T, K]."""
+    width = max(len(s) for s, _ in seqs)
+    n = len(seqs)
+    hidden = model.config.hidden_size * (len(feature_layers) if feature_layers else 1)
+    data = {"tokens": torch.zeros(n, width, dtype=torch.long), "valid": torch.zeros(n, width, dtype=torch.bool),
+            "answer": torch.zeros(n, width, dtype=torch.bool), "features": torch.zeros(n, width, hidden, dtype=torch.float16),
+            "top_val": torch.zeros(n, width, top_k, dtype=torch.float16),
+            "top_idx": torch.zeros(n, width, top_k, dtype=torch.int32)}
+    for i, (ids, n_prompt) in enumerate(tqdm(seqs, desc="target features", unit="seq")):
+        t = len(ids)
+        out = model.model(torch.tensor([ids]), output_hidden_states=bool(feature_layers))
+        if feature_layers:
+            feats = torch.cat([out.hidden_states[l + 1][0] for l in feature_layers], -1)
+        else:
+            feats = out.last_hidden_state[0]
+        top = torch.topk(model.lm_head(out.last_hidden_state[0]).float(), top_k, -1)
+        data["tokens"][i, :t] = torch.tensor(ids)
+        data["valid"][i, :t] = True
+        data["answer"][i, n_prompt:t] = True
+        data["features"][i, :t] = feats.half()
+        data["top_val"][i, :t] = top.values.half()
+        data["top_idx"][i, :t] = top.indices.int()
+    return data
+
+
+def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
+               feature_layers: list[int] | None = None) -> tuple[dict, dict]:
+    """The cached data set for (model, cfg), generating it on first use; returns (tensors, info)."""
+    key = cfg.key(model_name) + ("-l" + "-".join(map(str, feature_layers)) if feature_layers else "")
+    path = cache / f"heads-data-{key}.safetensors"
+    if path.is_file():
+        return load_file(str(path)), {"cache": str(path), "reused": True}
+    if cfg.source == "text":
+        seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len)]
+    else:
+        prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
+        seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch)
+    data = teacher_pass(model, seqs, cfg.top_k, feature_layers)
+    if cfg.source == "text":  # measurable where the text is what the target would have written
+        argmax = data["top_idx"][..., 0].long()
+        data["answer"][:, 1:] = (data["tokens"][:, 1:] == argmax[:, :-1]) & data["valid"][:, 1:]
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
+    tmp.rename(path)
+    return data, {"cache": str(path), "reused": False}

@@ -1,0 +1,254 @@
+"""`specc train-head`: train a Medusa or EAGLE head on the target's own outputs (CPU).
+
+Data (heads/data.py) is cached once; training then reads only the cache. Losses:
+- Medusa: head i at position j, cross-entropy against the target's (top-K, renormalised)
+  next-token distribution at position j+1+i.
+- EAGLE: at entry j = (f_j, x_{j+1}), smooth-L1 between the predicted and the target's feature
+  f_{j+1} plus cross-entropy of the LM head on it against the target at j+1. Gaussian noise on
+  the input features stands in for the draft's own (imperfect) features at later draft steps.
+Checkpoints (weights + optimizer state, safetensors) are written every `checkpoint_every` steps
+and resumed from when the same command runs again. The held-out estimate is greedy: the
+fraction of positions where the first i drafts all equal the target's argmax, measured by
+drafting chains (EAGLE: autoregressively with its own cache) on answers the target wrote.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..errors import SpeccError
+from ..heads.eagle import EagleHead
+from ..heads.medusa import MedusaHeads
+from ..heads.store import build_head, save_head
+from .head_data import DataConfig, build_data
+
+
+@dataclass
+class TrainConfig:
+    kind: str
+    steps: int = 600
+    batch_seqs: int = 4
+    lr: float = 1e-3
+    heads: int = 4  # medusa
+    draft_vocab: int | None = 8192  # most frequent tokens of the data; None: the full vocabulary
+    noise: float = 0.05  # eagle: feature noise, relative to the features' RMS
+    eval_every: int = 100
+    eval_depth: int = 5
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def draft_vocabulary(data: dict, size: int | None, vocab_size: int) -> torch.Tensor | None:
+    """The `size` most frequent target argmax tokens in the data (ties by id), sorted; None for the full vocabulary."""
+    if size is None or size >= vocab_size:
+        return None
+    top1 = data["top_idx"][..., 0][data["valid"]].long()
+    counts = torch.bincount(torch.cat([top1, data["tokens"][data["valid"]]]), minlength=vocab_size).float()
+    counts += torch.arange(vocab_size, 0, -1).float() / vocab_size / 2  # deterministic tie-break
+    return torch.sort(torch.topk(counts, size).indices).values
+
+
+def soft_targets(top_val, top_idx, to_draft: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Renormalised top-K target probabilities over draft-vocabulary indices (-1 marks tokens outside it)."""
+    p = torch.softmax(top_val.float(), -1)
+    idx = top_idx.long() if to_draft is None else to_draft[top_idx.long()]
+    p = torch.where(idx >= 0, p, 0.0)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
+    return p, idx.clamp_min(0)
+
+
+def _ce(logits, p, idx, mask) -> torch.Tensor:
+    logq = torch.log_softmax(logits.float(), -1).gather(-1, idx)
+    loss = -(p * logq).sum(-1)
+    return (loss * mask).sum() / mask.sum().clamp_min(1)
+
+
+def medusa_loss(head: MedusaHeads, batch: dict, to_draft) -> torch.Tensor:
+    feats = batch["features"].float()
+    logits = head.reduced_logits(feats)  # [b, T, N, V']
+    total = 0.0
+    for i in range(head.n_heads):
+        shift = 1 + i
+        p, idx = soft_targets(batch["top_val"][:, shift:], batch["top_idx"][:, shift:], to_draft)
+        mask = (batch["valid"][:, shift:] & batch["valid"][:, :-shift]).float()
+        total = total + _ce(logits[:, :-shift, i], p, idx, mask)
+    return total / head.n_heads
+
+
+def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float) -> torch.Tensor:
+    feats = batch["features"].float()
+    x, f_in, f_next = batch["tokens"][:, 1:], feats[:, :-1], feats[:, 1:]
+    if noise:
+        f_in = f_in + torch.randn_like(f_in) * noise * f_in.pow(2).mean().sqrt()
+    b, t = x.shape
+    pos = torch.arange(t)[None].expand(b, t)
+    h, _, _ = head.run(x, f_in, pos, torch.zeros(b, dtype=torch.long), head.empty_cache(b), head.empty_cache(b))
+    mask = (batch["valid"][:, 1:]).float()
+    vloss = (F.smooth_l1_loss(h, f_next, reduction="none").mean(-1) * mask).sum() / mask.sum().clamp_min(1)
+    p, idx = soft_targets(batch["top_val"][:, 1:], batch["top_idx"][:, 1:], to_draft)
+    return vloss + 0.5 * _ce(head.reduced_logits(h), p, idx, mask)
+
+
+@torch.no_grad()
+def acceptance(head, data: dict, rows: torch.Tensor, depth: int, starts: int = 6) -> list[float]:
+    """Greedy acceptance by draft position on held-out sequences: P(drafts 1..i all equal the target argmax).
+
+    A round starting at o: the target has processed x_0..x_o and x_{o+1} is pending; draft i stands
+    for x_{o+1+i} and must equal the target's argmax at o+i. That argmax was computed on the data's
+    context, so rounds start only where the data continues as the target's greedy choice for the
+    next depth-1 tokens (`answer`; every position of a generated answer).
+    """
+    hits, total = torch.zeros(depth), 0
+    argmax = data["top_idx"][..., 0].long()
+    for r in rows.tolist():
+        n = int(data["valid"][r].sum())
+        ok = data["answer"][r, :n].long()
+        if n < depth + 3:
+            continue
+        span = ok[2:].unfold(0, depth - 1, 1).prod(-1) if depth > 1 else ok[2:]
+        candidates = [o for o in span.nonzero()[:, 0].tolist() if o + depth < n]
+        for o in candidates[::max(1, len(candidates) // starts)][:starts]:
+            target = argmax[r, o + 1:o + 1 + depth]
+            if isinstance(head, MedusaHeads):
+                drafts = head(data["features"][r, o].float())[:depth].argmax(-1)
+            else:
+                drafts = _eagle_chain(head, data, r, o, depth)
+            hit = (drafts == target[:len(drafts)]).long().cumprod(-1)
+            hits[:len(hit)] += hit.float()
+            total += 1
+    return (hits / max(total, 1)).tolist()
+
+
+def _eagle_chain(head: EagleHead, data: dict, r: int, o: int, depth: int) -> torch.Tensor:
+    """Draft `depth` tokens autoregressively with the head's own cache, as the runtime does."""
+    ids = data["tokens"][r:r + 1, 1:o + 2]
+    feats = data["features"][r:r + 1, :o + 1].float()
+    pos = torch.arange(o + 1)[None]
+    logits, h, k, v = head(ids, feats, pos, torch.zeros(1, dtype=torch.long), torch.tensor([[o]]),
+                           head.empty_cache(1), head.empty_cache(1))
+    out = []
+    for i in range(depth):
+        tok = logits[:, 0].argmax(-1)
+        out.append(tok)
+        if i + 1 == depth:
+            break
+        logits, h, nk, nv = head(tok[:, None], h[:, -1:], torch.tensor([[o + 1 + i]]), torch.tensor([k.shape[3]]),
+                                 torch.zeros(1, 1, dtype=torch.long), k, v)
+        k, v = torch.cat([k, nk], 3), torch.cat([v, nv], 3)
+    return torch.cat(out)
+
+
+def _checkpoint(path: Path, head, opt, step: int) -> None:
+    tensors = {f"head.{k}": v.detach().contiguous() for k, v in head.state_dict().items() if k.startswith(("fc", "layers", "heads", "lm_heads"))}
+    for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+        st = opt.state.get(p)
+        if st:
+            tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].contiguous()
+            tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+    save_file(tensors, str(path.with_suffix(".partial")), metadata={"step": str(step)})
+    path.with_suffix(".partial").rename(path)
+
+
+def _resume(path: Path, head, opt) -> int:
+    if not path.is_file():
+        return 0
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        step = int(f.metadata()["step"])
+    tensors = load_file(str(path))
+    head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, strict=False)
+    for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+        if f"opt.{i}.exp_avg" in tensors:
+            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"opt.{i}.exp_avg"],
+                            "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"]}
+    return step
+
+
+def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: DataConfig, output: Path,
+               cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
+    """Train (or resume) a head; writes output/ (config, weights, card) and returns (head, card)."""
+    if cfg.kind not in ("medusa", "eagle"):
+        raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle")
+    torch.manual_seed(cfg.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    t0 = time.perf_counter()
+    data, data_info = build_data(model, tokenizer, model_name, data_cfg, cache)
+    data_seconds = time.perf_counter() - t0
+    n = data["tokens"].shape[0]
+    if n < 4:
+        raise SpeccError(f"only {n} training sequences; raise --prompts")
+    held = torch.arange(n)[torch.arange(n) % 10 == 9]  # every tenth sequence is held out
+    train = torch.arange(n)[torch.arange(n) % 10 != 9]
+    vocab_size = model.config.vocab_size
+    draft_vocab = draft_vocabulary({k: data[k][train] for k in ("top_idx", "valid", "tokens")}, cfg.draft_vocab, vocab_size)
+    to_draft = None
+    if draft_vocab is not None:
+        to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
+        to_draft[draft_vocab] = torch.arange(len(draft_vocab))
+    head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab)
+    params = [p for p in head.parameters() if p.requires_grad and p.data_ptr() not in
+              {q.data_ptr() for q in model.parameters()}]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    output.mkdir(parents=True, exist_ok=True)
+    ckpt = output / "checkpoint.safetensors"
+    start = _resume(ckpt, head, opt)
+    def lr_scale(s: int) -> float:  # warm-up then cosine; s counts from the resumed step
+        s += start
+        return min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_scale)
+    gen = torch.Generator().manual_seed(cfg.seed + start)
+    before = acceptance(head.eval(), data, held, cfg.eval_depth)
+    head.train()
+    losses, estimate = [], before
+    t1 = time.perf_counter()
+    bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.kind}", unit="step", disable=not progress, initial=start, total=cfg.steps)
+    for step in bar:
+        pick = train[torch.randint(0, len(train), (cfg.batch_seqs,), generator=gen)]
+        width = int(data["valid"][pick].sum(-1).max())
+        batch = {k: v[pick, :width] for k, v in data.items()}
+        loss = medusa_loss(head, batch, to_draft) if cfg.kind == "medusa" else eagle_loss(head, batch, to_draft, cfg.noise)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            estimate = acceptance(head.eval(), data, held, cfg.eval_depth)
+            head.train()
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            _checkpoint(ckpt, head, opt, step + 1)
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
+                        held_out_accept=",".join(f"{a:.2f}" for a in estimate[:4]))
+    head.eval()
+    after = acceptance(head, data, held, cfg.eval_depth)
+    coverage = None
+    if to_draft is not None:
+        am = data["top_idx"][held][..., 0].long()[data["valid"][held]]
+        coverage = (to_draft[am] >= 0).float().mean().item()
+    card = {
+        "kind": cfg.kind, "target": model_name, "train": asdict(cfg),
+        "data": {**asdict(data_cfg), **data_info, "sequences": n, "train_sequences": len(train), "held_out_sequences": len(held),
+                 "tokens": int(data["valid"].sum()), "answer_tokens": int(data["answer"].sum()),
+                 "prompts": "stdlib function openings (modules outside the benchmark set) and templated chat instructions",
+                 "seconds": round(data_seconds, 1)},
+        "steps": cfg.steps, "resumed_from_step": start, "train_seconds": round(time.perf_counter() - t1, 1),
+        "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])) if losses else None,
+        "draft_vocab_size": None if draft_vocab is None else len(draft_vocab),
+        "draft_vocab_coverage_of_target_argmax": coverage,
+        "held_out": {"greedy_acceptance_by_position_before": before, "greedy_acceptance_by_position": after,
+                     "top1_agreement": after[0], "expected_accepted_per_round": sum(after)},
+    }
+    save_head(output, head, model, card)
+    return head, card

@@ -1,0 +1,152 @@
+"""Draft heads: specc's layout round-trips, published Medusa and EAGLE-1/2 layouts import (synthetic
+checkpoints written in those layouts), pickles and EAGLE-3 are refused clearly, train-head trains
+and resumes in seconds, the recipe names what is missing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from heads_helpers import make_random_head
+from specc.errors import ModelError, RecipeError
+from specc.heads.store import load_head
+from specc.recipe import parse_recipe
+from specc.testing import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp("t") / "t", seed=1)
+    return path, AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_specc_layout_round_trips(target, tmp_path, kind):
+    path, hf = target
+    make_random_head(kind, path, tmp_path / kind)
+    a, cfg = load_head(tmp_path / kind, hf)
+    b, _ = load_head(tmp_path / kind, hf)
+    assert cfg["kind"] == kind and cfg["format"] == "specc-head"
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(p, q), n
+
+
+def test_reduced_draft_vocabulary_maps_back_with_zero_q_outside(target, tmp_path):
+    path, hf = target
+    vocab = torch.tensor([1, 5, 7, 200])
+    make_random_head("medusa", path, tmp_path / "m", n_heads=2, draft_vocab=vocab)
+    head, cfg = load_head(tmp_path / "m", hf)
+    assert cfg["draft_vocab_size"] == 4
+    logits = head(torch.randn(2, 3, hf.config.hidden_size))
+    assert logits.shape == (2, 3, 2, hf.config.vocab_size)
+    q = torch.softmax(logits, -1)
+    outside = torch.ones(hf.config.vocab_size, dtype=torch.bool)
+    outside[vocab] = False
+    assert q[..., outside].max() == 0 and torch.allclose(q[..., vocab].sum(-1), torch.ones(2, 3, 2))
+
+
+def test_published_medusa_layout_imports(target, tmp_path):
+    path, hf = target
+    h, v = hf.config.hidden_size, hf.config.vocab_size
+    torch.manual_seed(0)
+    tensors = {}
+    for i in range(2):
+        tensors[f"{i}.0.linear.weight"] = torch.randn(h, h) * 0.1
+        tensors[f"{i}.0.linear.bias"] = torch.randn(h) * 0.1
+        tensors[f"{i}.1.weight"] = torch.randn(v, h) * 0.1
+    d = tmp_path / "medusa-vicuna-7b-v1.3"
+    d.mkdir()
+    save_file(tensors, str(d / "medusa_lm_head.safetensors"))
+    (d / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                               "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    head, cfg = load_head(d, hf)
+    assert cfg["kind"] == "medusa"
+    f = torch.randn(3, h)
+    for i in range(2):
+        x = f + F.silu(f @ tensors[f"{i}.0.linear.weight"].T + tensors[f"{i}.0.linear.bias"])
+        assert torch.allclose(head(f)[:, i], x @ tensors[f"{i}.1.weight"].T, atol=1e-5)
+
+
+def _eagle_tensors(hf, bias: bool = True) -> dict:
+    cfg = hf.config
+    h, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    d = h // heads
+    shapes = {"fc.weight": (h, 2 * h), "layers.0.self_attn.q_proj.weight": (heads * d, h),
+              "layers.0.self_attn.k_proj.weight": (kv * d, h), "layers.0.self_attn.v_proj.weight": (kv * d, h),
+              "layers.0.self_attn.o_proj.weight": (h, heads * d), "layers.0.post_attention_layernorm.weight": (h,),
+              "layers.0.mlp.gate_proj.weight": (cfg.intermediate_size, h), "layers.0.mlp.up_proj.weight": (cfg.intermediate_size, h),
+              "layers.0.mlp.down_proj.weight": (h, cfg.intermediate_size), "embed_tokens.weight": (cfg.vocab_size, h)}
+    if bias:
+        shapes["fc.bias"] = (h,)
+    torch.manual_seed(1)
+    return {k: torch.randn(s) * 0.1 for k, s in shapes.items()}
+
+
+def test_published_eagle_layout_imports(target, tmp_path):
+    path, hf = target
+    tensors = _eagle_tensors(hf)
+    d = tmp_path / "EAGLE-tiny"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": hf.config.hidden_size,
+                                               "num_hidden_layers": 1, "bias": True}))
+    head, cfg = load_head(d, hf)
+    assert cfg["kind"] == "eagle"
+    state = head.state_dict()
+    for k, v in tensors.items():
+        if not k.startswith("embed_tokens"):
+            assert torch.equal(state[k], v), k
+    b, t = 2, 4
+    out = head(torch.randint(0, 256, (b, t)), torch.randn(b, t, hf.config.hidden_size), torch.arange(t).expand(b, t),
+               torch.zeros(b, dtype=torch.long), torch.full((b, 1), t - 1), head.empty_cache(b), head.empty_cache(b))
+    assert out[0].shape == (b, 1, hf.config.vocab_size) and out[1].shape == (b, t, hf.config.hidden_size)
+
+
+def test_pickles_and_eagle3_are_refused(target, tmp_path):
+    path, hf = target
+    d = tmp_path / "pickled"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    (d / "medusa_lm_head.pt").write_bytes(b"\x80\x04not really")
+    with pytest.raises(ModelError, match="pickled weights .*does not unpickle"):
+        load_head(d, hf)
+    d3 = tmp_path / "eagle3"
+    d3.mkdir()
+    save_file({"midlayer.self_attn.q_proj.weight": torch.zeros(2, 2), "fc.weight": torch.zeros(2, 2), "d2t": torch.zeros(2)},
+              str(d3 / "model.safetensors"))
+    (d3 / "config.json").write_text(json.dumps({"hidden_size": hf.config.hidden_size}))
+    with pytest.raises(ModelError, match="EAGLE-3"):
+        load_head(d3, hf)
+    with pytest.raises(ModelError, match="hidden size 7"):
+        (d3 / "config.json").write_text(json.dumps({"hidden_size": 7}))
+        load_head(d3, hf)
+
+
+def test_recipe_needs_a_head_for_head_methods():
+    with pytest.raises(RecipeError, match="draft.head.*required"):
+        parse_recipe({"target": {"model": "t"}, "draft": {"method": "eagle"}})
+    with pytest.raises(RecipeError, match="draft.head.*only used with"):
+        parse_recipe({"target": {"model": "t"}, "draft": {"method": "model", "model": "d", "head": "h"}})
+    parse_recipe({"target": {"model": "t"}, "draft": {"method": "medusa", "head": "h"}, "speculation": {"mode": "tree"}})
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
+    from specc.cli import main
+
+    path, _ = target
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
+    args = ["train-head", str(recipe), "--kind", kind, "--prompts", "10", "--new-tokens", "12", "--eval-every", "2",
+            "--draft-vocab", "64", "-o", str(tmp_path / "head")]
+    assert main(args + ["--steps", "2"]) == 0
+    assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
+    card = json.loads((tmp_path / "head" / "card.json").read_text())
+    assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
+    assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
+    assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))

@@ -1,0 +1,80 @@
+"""Medusa and EAGLE heads are lossless: greedy output equals target-only (chain and tree, batch > 1)
+and sampled output has the target's distribution; the sampling check fails for a broken rule."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import build_bundle
+from heads_helpers import make_random_head
+from lossless_checks import assert_greedy_lossless, token_prompts
+from specc.runtime.drafters import heads as head_drafters
+from specc.speculation import sampling
+from specc.testing import make_tiny_model
+from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
+from test_lossless_sampling import PARAMS, VOCAB, draw, exact_marginals
+
+DYNAMIC = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 6}}
+STATIC = {"mode": "tree", "tree": {"paths": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}}
+
+
+@pytest.fixture(scope="module")
+def head_bundles(tmp_path_factory):
+    """Random heads on a 24-token target; the EAGLE chain bundle runs on ONNX Runtime, the rest on torch."""
+    root = tmp_path_factory.mktemp("heads")
+    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
+    medusa = {"method": "medusa", "head": str(make_random_head("medusa", target, root / "medusa", n_heads=3))}
+    eagle = {"method": "eagle", "head": str(make_random_head("eagle", target, root / "eagle", scale=1.0))}
+    limits = {"max_batch": 512, "max_context": 64}
+    return target, {
+        "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, backend="torch", speculation={"k": 3}),
+        "eagle_chain": build_bundle(root / "ec", target, eagle, limits=limits, speculation={"k": 3}),
+        "medusa_tree": build_bundle(root / "mt", target, medusa, limits=limits, backend="torch", speculation=STATIC),
+        "eagle_tree": build_bundle(root / "et", target, eagle, limits=limits, backend="torch", speculation=DYNAMIC),
+    }
+
+
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree"])
+def test_greedy_equals_target_only(head_bundles, name):
+    _, bundles = head_bundles
+    stats = assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
+    assert stats["rounds"] > 0
+
+
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_tree",
+                                  pytest.param("medusa_tree", marks=pytest.mark.slow)])
+def test_sampled_output_has_target_distribution(head_bundles, name):
+    target, bundles = head_bundles
+    params = PARAMS[1] if name.endswith("chain") else PARAMS[0]
+    exact = exact_marginals(target, params)
+    samples, stats = draw(bundles[name], params)
+    assert 0.01 < stats["acceptance_rate"] < 0.95, "drafts must be both accepted and rejected for this test to mean anything"
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
+def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
+    rows = torch.arange(p.shape[0])
+    return n_draft, sampling.sample(p[rows, n_draft], u_next)
+
+
+def _uniform_q(choose):
+    """Drafts drawn from the head's q but reported with a uniform q: a wrong acceptance ratio."""
+    def wrong(logits, params, noise):
+        tok, q = choose(logits, params, noise)
+        return tok, None if q is None else torch.full_like(q, 1.0 / q.shape[-1])
+    return wrong
+
+
+@pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q")])
+def test_broken_rule_is_caught(head_bundles, monkeypatch, name, broken):
+    if broken == "accept_all":
+        monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
+    else:
+        monkeypatch.setattr(head_drafters, "choose", _uniform_q(head_drafters.choose))
+    target, bundles = head_bundles
+    params = PARAMS[0]
+    exact = exact_marginals(target, params)
+    samples, _ = draw(bundles[name], params)
+    assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
+    assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P

@@ -39,6 +39,16 @@ def _copy(value: Any) -> Any:
 class TargetSpec:
     model: str = _f(None, "catalog name (`specc models list`), Hugging Face model directory, or .gguf file")
     dtype: str = _f("float32", "weights and activations dtype of the traced graph", choices=("float32", "float16", "bfloat16"))
+    quantize: str | None = _f(None, "weight-only block quantisation of the target's linear layers (onnxruntime: MatMulNBits); "
+                                    "speculation stays lossless relative to this quantised target", choices=("int8", "int4"))
+    block_size: int = _f(32, "target.quantize: weights per quantisation block (one scale each)", choices=(16, 32, 64, 128, 256))
+    accuracy_level: int = _f(4, "target.quantize: MatMulNBits compute type: 4 int8 activations (fastest here), 1 float32",
+                             choices=(0, 1, 2, 3, 4))
+    keep_float: list = _f([], "target.quantize: linear layers left in float32, by module name or glob "
+                              "(lm_head, layers.0.*, *.down_proj)")
+    gguf_blocks: bool = _f(True, "target.quantize with a GGUF source (file or catalog model): keep the GGUF's own quantised "
+                                 "blocks where they map exactly onto MatMulNBits (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) instead of "
+                                 "rounding the dequantised weights a second time")
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,14 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":
         raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
+    if r.target.quantize and r.backend != "onnxruntime":
+        raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS.get(r.backend, f"not supported by backend {r.backend!r}"))
+    if not r.target.quantize:
+        for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True)):
+            if getattr(r.target, name) != default:
+                raise RecipeError(f"target.{name}", "only applies with target.quantize (int8 or int4)")
+    if any(not isinstance(p, str) or not p for p in r.target.keep_float):
+        raise RecipeError("target.keep_float", f"expected module names or globs (strings), got {r.target.keep_float!r}")
     if d.lookup and d.method not in ("model", "quantized", "early_exit"):
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
                           f"early_exit), not {d.method!r}")
@@ -192,6 +210,17 @@ def _check_consistency(r: Recipe) -> None:
         from .runtime.tree import TreeShape
 
         TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
+
+
+_TARGET_QUANT_BACKENDS = {
+    "torch": "backend 'torch' runs the traced dtype and has no weight-only int8/int4 kernels in specc; "
+             "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
+    "aoti": "backend 'aoti' runs the traced dtype and has no weight-only int8/int4 kernels in specc; "
+            "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
+    "tensorrt": "int4/int8 weight-only TensorRT engines are not built by specc yet (the int4-AWQ route is described in "
+                "docs/quantization.md); use backend onnxruntime",
+    "torch_tensorrt": "backend 'torch_tensorrt' has no weight-only int8/int4 route in specc; use backend onnxruntime",
+}
 
 
 def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:

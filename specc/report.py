@@ -70,6 +70,13 @@ def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
             lines.append(f"  in  {i['name']:<14} {i['dtype']:<8} {i['shape']}")
         lines.append(f"  out {', '.join(g['outputs'])}")
         lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g["ranges"].items()))
+        if "weight_quant" in g:
+            q = g["weight_quant"]
+            lines.append(f"  weights   int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}, "
+                         f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
+                         f"({q.get('attention_float64', 0)} nodes)"
+                         + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""))
+            lines.append("  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items()))
         for profile in g.get("profiles", []) + ([g["profile"]] if "profile" in g else []):
             lines.append(f"  profile   {profile['name']}: " + ", ".join(
                 f"{d} {lo}..{hi} (opt {opt})" for d, (lo, opt, hi) in profile["dims"].items()))

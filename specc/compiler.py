@@ -176,9 +176,9 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
     spec = recipe.target
     if not spec.quantize:
         return None
-    bits = {"int8": 8, "int4": 4}[spec.quantize]
-    config = QuantConfig(bits, spec.block_size, spec.accuracy_level, True, tuple(spec.keep_float))
-    gguf = gguf_source(spec.model) if spec.gguf_blocks else None
+    bits = {"int8": 8, "int4": 4, "fp8": 8}[spec.quantize]
+    config = QuantConfig(bits, spec.block_size, spec.accuracy_level, True, tuple(spec.keep_float), spec.quantize)
+    gguf = gguf_source(spec.model) if spec.gguf_blocks and recipe.backend == "onnxruntime" else None
     if gguf is not None:
         from .backends.gguf_import import read_gguf_blocks
 
@@ -217,7 +217,7 @@ def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGra
 
 
 def _bits_name(config: QuantConfig | None) -> str | None:
-    return None if config is None else f"int{config.bits}"
+    return None if config is None else config.kind or f"int{config.bits}"
 
 
 def _versions(entries: dict) -> dict:

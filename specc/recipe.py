@@ -40,7 +40,8 @@ class TargetSpec:
     model: str = _f(None, "catalog name (`specc models list`), Hugging Face model directory, or .gguf file")
     dtype: str = _f("float32", "weights and activations dtype of the traced graph", choices=("float32", "float16", "bfloat16"))
     quantize: str | None = _f(None, "weight-only block quantisation of the target's linear layers (onnxruntime: MatMulNBits); "
-                                    "speculation stays lossless relative to this quantised target", choices=("int8", "int4"))
+                                    "tensorrt: DequantizeLinear → MatMul weight-only form (fp8 too); speculation stays lossless "
+                                    "relative to this quantised target", choices=("int8", "int4", "fp8"))
     block_size: int = _f(32, "target.quantize: weights per quantisation block (one scale each)", choices=(16, 32, 64, 128, 256))
     accuracy_level: int = _f(4, "target.quantize: MatMulNBits compute type: 4 int8 activations (fastest here), 1 float32",
                              choices=(0, 1, 2, 3, 4))
@@ -178,8 +179,10 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":
         raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
-    if r.target.quantize and r.backend != "onnxruntime":
-        raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS.get(r.backend, f"not supported by backend {r.backend!r}"))
+    if r.target.quantize and r.backend not in ("onnxruntime", "tensorrt"):
+        raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS[r.backend])
+    if r.target.quantize == "fp8" and r.backend != "tensorrt":
+        raise RecipeError("target.quantize", "fp8 weights are for backend tensorrt; onnxruntime takes int8 or int4")
     if not r.target.quantize:
         for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True)):
             if getattr(r.target, name) != default:
@@ -217,8 +220,6 @@ _TARGET_QUANT_BACKENDS = {
              "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
     "aoti": "backend 'aoti' runs the traced dtype and has no weight-only int8/int4 kernels in specc; "
             "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
-    "tensorrt": "int4/int8 weight-only TensorRT engines are not built by specc yet (the int4-AWQ route is described in "
-                "docs/quantization.md); use backend onnxruntime",
     "torch_tensorrt": "backend 'torch_tensorrt' has no weight-only int8/int4 route in specc; use backend onnxruntime",
 }
 

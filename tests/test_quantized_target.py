@@ -17,7 +17,7 @@ from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
 from test_lossless_sampling import PARAMS, VOCAB, _accept_everything, draw, exact_marginals
 
 
-def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj"):
+def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj", opset: int = 23):
     """An ONNX graph y = x @ wᵀ whose MatMul carries the exporter's module scope, as specc's graphs do."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -27,7 +27,7 @@ def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj"):
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", n])],
                               [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def run_graph(model, x: np.ndarray) -> np.ndarray:
@@ -88,7 +88,12 @@ def test_recipe_fields_and_errors():
         parse_recipe({"target": {"model": "m", "block_size": 64}, "draft": {"method": "none"}})
     with pytest.raises(RecipeError, match="target.block_size.*not allowed"):
         parse_recipe({"target": {"model": "m", "quantize": "int4", "block_size": 48}, "draft": {"method": "none"}})
-    with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4"):
+    with pytest.raises(RecipeError, match="target.quantize.*fp8 weights are for backend tensorrt"):
+        parse_recipe({"target": {"model": "m", "quantize": "fp8"}, "draft": {"method": "none"}})
+    trt = parse_recipe({"target": {"model": "m", "quantize": "fp8"}, "draft": {"method": "none"}, "backend": "tensorrt",
+                        "device": "cuda"})
+    assert trt.target.quantize == "fp8"
+    with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4, fp8"):
         parse_recipe({"target": {"model": "m", "quantize": "int3"}, "draft": {"method": "none"}})
 
 
@@ -190,3 +195,25 @@ def test_broken_rule_on_the_quantised_target_is_caught(small_vocab_int4, monkeyp
     samples, _ = draw(bundle, PARAMS[0])
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_tensorrt_weight_only_form(kind):
+    """The TensorRT route's DequantizeLinear → MatMul graph computes x @ dequantised W (ONNX Runtime as the
+    reference), and passes the TensorRT operator-table check; MatMulNBits does not, with a pointer to it."""
+    from specc.backends.trt_coverage import check_onnx
+    from specc.backends.trt_weight_only import weight_only_dq
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(48, 256)).astype(np.float32)
+    model = one_linear_graph(w, opset=18)  # the tensorrt backend's export opset
+    summary = weight_only_dq(model, kind, block_size=64)
+    assert summary["layers"] == 1 and [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
+    x = rng.normal(size=(1, 3, 256)).astype(np.float32)
+    rel = np.abs(run_graph(model, x) - x @ w.T).max() / np.abs(x @ w.T).max()
+    assert rel < {"int4": 0.15, "int8": 0.02, "fp8": 0.08}[kind]
+    report = check_onnx(model)
+    assert report.ok, report.message()
+    nbits = one_linear_graph(w, opset=18)
+    quantize_linear_layers(nbits, QuantConfig(4, 32))
+    assert "DequantizeLinear → MatMul" in check_onnx(nbits).message()

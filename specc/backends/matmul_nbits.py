@@ -98,6 +98,7 @@ class QuantConfig:
     accuracy_level: int = 4
     symmetric: bool = True
     keep_float: tuple[str, ...] = ()  # module names (fnmatch patterns) left in float32
+    kind: str = ""  # the recipe's target.quantize (int8, int4, fp8)
     imported: dict = field(default_factory=dict)  # module name -> candidate BlockWeights read from a GGUF
 
     def keeps(self, module: str) -> bool:
@@ -199,3 +200,19 @@ def _offset_nodes(x: str, nbits_out: str, base: str, bw: BlockWeight, n_blocks: 
         helper.make_node("Reshape", [t("offset_flat"), t("out_shape")], [t("offset")], name=t("offset")),
         helper.make_node("Add", [nbits_out, t("offset")], [base], name=t("add_offset")),
     ]
+
+
+def fold_weight_transposes(model) -> None:
+    """Replace Transpose(initializer) with a transposed initializer, so the quantiser sees a
+    constant weight; a tied LM head (Transpose of the embedding) then gets quantised too."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    for node in list(model.graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in inits:
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        array = numpy_helper.to_array(inits[node.input[0]])
+        folded = numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), node.output[0])
+        model.graph.initializer.append(folded)
+        model.graph.node.remove(node)

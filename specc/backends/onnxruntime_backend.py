@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 
 from .base import LowerOptions, require_version
 from .attention_fp64 import attention_in_float64
-from .matmul_nbits import QuantConfig, quantize_linear_layers
+from .matmul_nbits import QuantConfig, fold_weight_transposes, quantize_linear_layers
 from .onnx_export import export_onnx, opset_of
 
 FILE = "model.onnx"
@@ -87,7 +87,7 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
     import onnx
 
     model = onnx.load(str(src))
-    _fold_weight_transposes(model)
+    fold_weight_transposes(model)
     if kind == "int4":
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -120,28 +120,12 @@ def quantize_blocks(src: Path, dst: Path, config: QuantConfig) -> dict:
     import onnx
 
     model = onnx.load(str(src))
-    _fold_weight_transposes(model)
+    fold_weight_transposes(model)
     summary = quantize_linear_layers(model, config)
     summary["attention_float64"] = attention_in_float64(model)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return {"bits": config.bits, "block_size": config.block_size, "accuracy_level": config.accuracy_level,
             "symmetric": config.symmetric, "keep_float": list(config.keep_float), **summary}
-
-
-def _fold_weight_transposes(model) -> None:
-    """Replace Transpose(initializer) with a transposed initializer, so the quantiser sees a
-    constant weight; a tied LM head (Transpose of the embedding) then gets quantised too."""
-    from onnx import numpy_helper
-
-    inits = {i.name: i for i in model.graph.initializer}
-    for node in list(model.graph.node):
-        if node.op_type != "Transpose" or node.input[0] not in inits:
-            continue
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        array = numpy_helper.to_array(inits[node.input[0]])
-        folded = numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), node.output[0])
-        model.graph.initializer.append(folded)
-        model.graph.node.remove(node)
 
 
 class OrtRunner:

@@ -74,7 +74,8 @@ def format_manifest(manifest: dict, path: Path, verified: bool) -> str:
             q = g["weight_quant"]
             lines.append(f"  weights   int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}, "
                          f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
-                         f"({q.get('attention_float64', 0)} nodes)"
+                         f"({q.get('attention_float64', 0)} nodes), rows independent of pass size: "
+                         f"{q.get('rows_independent_of_pass_size', '-')}"
                          + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""))
             lines.append("  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items()))
         for profile in g.get("profiles", []) + ([g["profile"]] if "profile" in g else []):

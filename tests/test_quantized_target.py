@@ -115,8 +115,18 @@ def quantized_bundles(models_dir, tmp_path_factory):
         "int8": build_quantized(root / "int8", t, draft, {"quantize": "int8", "block_size": 16}),
         "int4_wrong": build_quantized(root / "int4_wrong", t, wrong, {"quantize": "int4", "keep_float": ["lm_head"]}),
         "int4_lookup": build_quantized(root / "int4_lookup", t, {**draft, "lookup": True, "min_ngram": 2},
-                                       {"quantize": "int4", "block_size": 64}),
+                                       {"quantize": "int4", "keep_float": ["layers.0.*"]}),
     }
+
+
+def test_row_invariance_is_checked_and_recorded(quantized_bundles):
+    """Block 32 at accuracy level 4 computes each row the same in passes of any size (measured with ONNX Runtime
+    1.32 on AVX-512 VNNI); compile records the check for every layer shape."""
+    from specc.backends.matmul_nbits import rows_independent_of_pass_size
+
+    assert rows_independent_of_pass_size(64, 48, 4, 32, 4)
+    q = specc.load(quantized_bundles["int4"]).bundle.graph("target")["weight_quant"]
+    assert q["rows_independent_of_pass_size"] is True
 
 
 def test_bundle_records_the_quantisation(quantized_bundles):
@@ -130,8 +140,8 @@ def test_bundle_records_the_quantisation(quantized_bundles):
     assert "int4 MatMulNBits, block 32, accuracy level 4" in text and "float32 kept: lm_head" in text
 
 
-@pytest.mark.parametrize("name", ["int4", "int8", "int4_wrong", "int4_lookup"])
-@pytest.mark.parametrize("batch,k", [(1, 3), (3, 5)])
+@pytest.mark.parametrize("name,batch,k", [("int4", 1, 3), ("int4", 3, 5), ("int8", 2, 4), ("int4_wrong", 1, 3),
+                                          ("int4_lookup", 3, 4)])
 def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, prompts, name, batch, k):
     """Greedy speculative output equals the same bundle's (quantised) target-only output on 60 prompts."""
     from specc.runtime.engine import RunStats
@@ -146,7 +156,7 @@ def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, promp
         bad += [lo + i for i, c in enumerate(fast) if c.token_ids != reference[lo + i]]
     assert bad == []
     rate = stats.to_dict()["acceptance_rate"]
-    assert rate < 0.1 if name == "int4_wrong" else 0.1 < rate < 1
+    assert rate < 0.1 if name == "int4_wrong" else 0 < rate < 1
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +182,17 @@ def small_vocab_int4(tmp_path_factory):
 
 
 def test_quantised_target_is_the_dequantised_model(small_vocab_int4):
-    from lossless_checks import assert_target_only_is_hf_greedy
+    """At accuracy level 1 the compiled int4 target computes the float32 model holding its dequantised weights."""
+    from transformers import AutoModelForCausalLM
+
+    from specc.quality import bundle_logits, hf_logits
 
     dequantised, bundle = small_vocab_int4
-    assert_target_only_is_hf_greedy(bundle, dequantised, token_prompts(8))
+    hf = AutoModelForCausalLM.from_pretrained(dequantised).eval()
+    model = specc.load(bundle)
+    for ids in token_prompts(4):
+        ref = hf_logits(hf, ids)
+        assert np.abs(bundle_logits(model, ids) - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
 
 
 def test_sampled_output_has_the_quantised_targets_distribution(small_vocab_int4):

@@ -163,7 +163,42 @@ def quantize_linear_layers(model, config: QuantConfig) -> dict:
     model.graph.node.extend(new_nodes)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return {"layers": counts, "weight_bytes": weight_bytes}
+    kernels = sorted(set(_nbits_shapes(model)))
+    invariant = all(rows_independent_of_pass_size(k, n, bits, block, config.accuracy_level) for k, n, bits, block in kernels)
+    return {"layers": counts, "weight_bytes": weight_bytes, "rows_independent_of_pass_size": invariant}
+
+
+def _nbits_shapes(model):
+    from onnx import helper
+
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+            yield a["K"], a["N"], a["bits"], a["block_size"]
+
+
+def rows_independent_of_pass_size(k: int, n: int, bits: int, block_size: int, accuracy_level: int) -> bool:
+    """Does this MatMulNBits kernel give a row the same bits in a 1-row and in a multi-row pass on this machine?
+
+    Speculative verify runs k+1 rows where target-only decoding runs 1; a kernel that computes a row
+    differently by pass size (ONNX Runtime 1.32 on AVX-512 VNNI: block 128 at accuracy level 4, and the
+    float32 levels 0-2) can flip a near-tied greedy choice, so compile records this, and warns."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    bw = quantize_rtn(rng.normal(size=(n, k)).astype(np.float32), bits, block_size)
+    inits = [numpy_helper.from_array(_pack(bw.q, bits), "B"), numpy_helper.from_array(bw.scales.reshape(-1), "S"),
+             numpy_helper.from_array(_pack(bw.zero_points, bits).reshape(-1), "Z")]
+    node = helper.make_node("MatMulNBits", ["x", "B", "S", "Z"], ["y"], domain=MS_DOMAIN, K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(9, k)).astype(np.float32)
+    single = np.concatenate([session.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+    return all(np.array_equal(session.run(None, {"x": x[:m]})[0], single[:m]) for m in (2, 4, 6, 9))
 
 
 def _exact_import(candidates, w: np.ndarray) -> BlockWeight | None:

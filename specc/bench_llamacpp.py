@@ -32,7 +32,11 @@ LLAMACPP_DEFAULT_DRAFT = 16  # llama.cpp common_params.speculative.n_max (--draf
 
 
 def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_all: bool = False):
-    """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches."""
+    """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches.
+
+    OpenMP threads wait passively (OMP_WAIT_POLICY=passive unless set), as specc's ONNX Runtime
+    sessions do (no spinning): on a loaded machine spinning threads made llama.cpp 40x slower here."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when llama.cpp's libgomp loads, at the import below
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -41,8 +45,32 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
     if not Path(gguf).is_file():
         raise SpeccError(f"GGUF file {gguf} does not exist")
     threads = threads or len(os.sched_getaffinity(0))
+    if os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") != "1":
+        _without_extra_buffers()
     return Llama(str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=logits_all,
                  n_gpu_layers=0, verbose=False, seed=0)
+
+
+def _without_extra_buffers() -> None:
+    """Load models without llama.cpp's extra CPU buffer types (AMX tiles, weight repacking).
+
+    On this machine llama.cpp detects AMX_INT8 and its AMX matmul segfaults (in
+    ggml_backend_amx_mul_mat, on the first decode); the VM does not grant AMX tile state. Without
+    extra buffers llama.cpp uses its plain AVX-512 kernels. SPECC_LLAMACPP_EXTRA_BUFFERS=1 keeps
+    them (for machines where AMX works, or a build with GGML_AMX_INT8=OFF that keeps repacking)."""
+    import llama_cpp.llama_cpp as lib
+
+    if getattr(lib.llama_model_default_params, "_specc", False):
+        return
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params._specc = True
+    lib.llama_model_default_params = params
 
 
 class GreedyDraftModel:

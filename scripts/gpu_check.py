@@ -58,7 +58,7 @@ class Report:
             print(f"   {name}: {time.perf_counter() - start:.1f} s", flush=True)
 
     def markdown(self, args) -> str:
-        from specc.report import table
+        from specc.cli.format import table
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         lines = ["# specc GPU check", "",
@@ -75,7 +75,7 @@ class Report:
 
 
 def doctor() -> str:
-    from specc.report import doctor_report
+    from specc.cli.format import doctor_report
 
     return f"## Machine\n\n```\n{doctor_report()}\n```\n"
 
@@ -94,7 +94,7 @@ def gpu_tests(out: Path) -> str:
             if element is not None:
                 outcome, message = kind, (element.get("message") or "").splitlines()[0][:160] if element.get("message") else ""
         rows.append([case.get("name"), outcome, f"{float(case.get('time', 0)):.1f}", message])
-    from specc.report import table
+    from specc.cli.format import table
 
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"pytest exit code {proc.returncode}"
     if proc.returncode not in (0, 5):
@@ -131,7 +131,7 @@ def compile_bundle(model: tuple[Path, Path], backend: str, device: str, path: Pa
 
 def bench(bundle: Path, args, json_path: Path) -> dict:
     import specc
-    from specc.bench import read_prompts, run_bench
+    from specc.bench.run import read_prompts, run_bench
 
     items = read_prompts(args.prompts)[: args.limit_prompts]
     model = specc.load(bundle)

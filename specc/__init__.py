@@ -4,12 +4,12 @@
     model = specc.load("bundles/quickstart")
     print(model.generate(["def fib(n):"], max_new_tokens=32)[0].text)
 """
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load(path, verify: bool = True):
     """Open a compiled bundle (verifying file hashes) and return a SpecModel."""
-    from .runtime.engine import load as _load
+    from .runtime.model import load as _load
 
     return _load(path, verify=verify)
 

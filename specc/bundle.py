@@ -12,7 +12,6 @@ and sha256, and says exactly what does not match.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,20 +19,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
+from .digest import sha256_of
 from .errors import BundleError
 
 FORMAT = "specc-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-
-
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def hash_tree(root: Path) -> dict[str, dict]:

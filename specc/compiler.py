@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from .version import __version__
 from .backends import LowerOptions, get_backend
 from .backends.matmul_nbits import QuantConfig
 from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
-from .capture.export import ModelDims, dim_ranges, example_inputs
+from .capture.shapes import ModelDims, dim_ranges, example_inputs
 from .capture.graph import StepGraph, capture
 from .errors import SpeccError
 from .models.load import check_same_tokenizer, gguf_source, load_model
@@ -189,7 +189,7 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
 def _adapter_info(recipe: Recipe) -> dict | None:
     if not recipe.draft.adapter:
         return None
-    from .exit_adapter import adapter_metadata
+    from .heads.exit import adapter_metadata
 
     meta = adapter_metadata(recipe.draft.adapter)
     return {"file": Path(recipe.draft.adapter).name, "info": json.loads(meta["info"])}

@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 from .errors import RecipeError
+from .limits import MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
+from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
 DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "none")
@@ -61,22 +63,22 @@ class DraftSpec:
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
                              "row finds an n-gram continuation; the model drafts the other rounds")
-    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=16)
-    min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=16)
+    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
+    min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
 
 
 @dataclass(frozen=True)
 class TreeSpec:
     paths: list | None = _f(None, "static tree: list of branch paths, e.g. [[0], [1], [0, 0]] (Medusa choices)")
-    depth: int = _f(4, "dynamic tree: levels drafted", lo=1, hi=16)
-    branching: int = _f(2, "dynamic tree: children kept per node (top-k of the draft)", lo=1, hi=8)
-    max_nodes: int = _f(16, "dynamic tree: most draft nodes verified in one target pass", lo=1, hi=128)
+    depth: int = _f(4, "dynamic tree: levels drafted", lo=1, hi=MAX_TREE_DEPTH)
+    branching: int = _f(2, "dynamic tree: children kept per node (top-k of the draft)", lo=1, hi=MAX_TREE_BRANCHING)
+    max_nodes: int = _f(16, "dynamic tree: most draft nodes verified in one target pass", lo=1, hi=MAX_TREE_NODES)
 
 
 @dataclass(frozen=True)
 class SpeculationSpec:
     mode: str = _f("chain", "chain: k tokens in a row; tree: a token tree verified in one pass", choices=("chain", "tree"))
-    k: int = _f(4, "chain mode: draft tokens per round", lo=1, hi=16)
+    k: int = _f(4, "chain mode: draft tokens per round", lo=1, hi=MAX_K)
     tree: TreeSpec = _f(TreeSpec(), "tree mode: shape of the token tree")
     verify_head: bool = _f(False, "compute acceptance inside the target graph (verification-head pass)")
 
@@ -210,9 +212,10 @@ def _check_consistency(r: Recipe) -> None:
     if r.speculation.mode == "tree":
         if d.method not in ("model", "quantized", "early_exit"):
             raise RecipeError("speculation.mode", f"tree speculation needs a draft model (draft.method model, quantized or early_exit), not {d.method!r}")
-        from .runtime.tree import TreeShape
-
-        TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
+        try:
+            TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
+        except ValueError as exc:
+            raise RecipeError("speculation.tree.paths", str(exc)) from None
 
 
 _TARGET_QUANT_BACKENDS = {

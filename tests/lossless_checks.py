@@ -35,7 +35,7 @@ def token_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 def assert_greedy_lossless(bundle: Path, prompts: list[list[int]], batch: int, k: int, max_new_tokens: int = 16) -> dict:
     """Speculative greedy output equals target-only greedy output for every prompt; returns the stats."""
-    from specc.runtime.engine import RunStats
+    from specc.runtime.stats import RunStats
 
     model = specc.load(bundle)
     stats, bad = RunStats(), []

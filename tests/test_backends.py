@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specc.backends import LowerOptions, get_backend
-from specc.capture.export import dim_ranges, example_inputs
+from specc.capture.shapes import dim_ranges, example_inputs
 from specc.capture.graph import capture
 from specc.errors import BackendUnavailableError
 from specc.testing import make_tiny_model

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from specc.bench import compare_tokens, load_bundles, summarise
-from specc.bench_hf import HFSystem
-from specc.bench_report import summary_table
+from specc.bench.run import compare_tokens, load_bundles, summarise
+from specc.bench.hf import HFSystem
+from specc.bench.report import summary_table
 from specc.cli import main
 
 PROMPTS = ('{"prompt": "def f(x):\\n    return x + x", "kind": "code"}\n'
@@ -77,8 +77,8 @@ def test_compare_hf_needs_batch_one(bundles, prompts, capsys):
 
 def test_bundles_of_one_target_share_its_engine(bundles):
     draft, lookup, early_exit = load_bundles([bundles["draft"], bundles["prompt_lookup"], bundles["early_exit"]])
-    assert draft.target.runner is lookup.target.runner is early_exit.target.runner
-    assert draft.drafter.step.runner is not draft.target.runner
+    assert draft.target.step.runner is lookup.target.step.runner is early_exit.target.step.runner
+    assert draft.drafter.step.runner is not draft.target.step.runner
     assert early_exit.drafter.step.runner is not draft.drafter.step.runner
 
 

@@ -57,6 +57,15 @@ def test_generate_json_speculative_equals_no_speculation(cli_bundle, capsys):
     assert spec["stats"]["drafted"] > 0 and base["stats"]["drafted"] == 0
 
 
+def test_generate_stats_cover_chat_and_plain_prompts(cli_bundle, tmp_path, capsys):
+    """A prompts file mixing chat and plain prompts runs as two groups; the stats count both."""
+    prompts = tmp_path / "mixed.jsonl"
+    prompts.write_text('{"prompt": "abc", "chat": true}\n{"prompt": "xyz=1"}\n{"prompt": "def f(x):"}\n')
+    assert main(["generate", str(cli_bundle), "--prompts", str(prompts), "--max-new-tokens", "8", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["requests"] == 3 and stats["new_tokens"] >= 3
+
+
 def test_generate_stream(cli_bundle, capsys):
     assert main(["generate", str(cli_bundle), "--prompt", "abc", "--max-new-tokens", "10", "--stream", "--no-verify"]) == 0
     assert capsys.readouterr().out.strip()

@@ -8,9 +8,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specc
 from specc.errors import ModelError
-from specc.exit_adapter import load_adapter, save_adapter
+from specc.heads.exit import load_adapter, save_adapter
 from specc.runtime.kv_cache import KVCache
-from specc.train_exit_head import ExitLogits, TrainConfig, train_exit_head
+from specc.training.exit_head import TrainConfig, exit_head, train_exit_head
 
 from conftest import build_bundle
 
@@ -52,7 +52,7 @@ def test_compiled_draft_applies_the_adapter_and_stays_lossless(trained, models_d
     assert "with a trained adapter" in model.bundle.graph("draft")["passes"][0]
     ids = torch.randint(0, 256, (1, 9))
     with torch.no_grad():
-        ref = ExitLogits(hf, adapter)(hf(ids, output_hidden_states=True).hidden_states[2][0])
+        ref = exit_head(hf, adapter)(hf(ids, output_hidden_states=True).hidden_states[2][0])
     draft = model.drafter.step
     cache = KVCache(draft.dims, 1, 256)
     logits, _, _ = draft(ids, cache, logit_index=torch.arange(9)[None])

@@ -18,12 +18,12 @@ import specc
 from lossless_checks import (assert_greedy_lossless, assert_sampling_lossless, assert_target_only_is_hf_greedy,
                              small_vocab_bundle, token_prompts)
 from specc.backends import LowerOptions, get_backend
-from specc.capture.export import dim_ranges, example_inputs
+from specc.capture.shapes import dim_ranges, example_inputs
 from specc.capture.graph import capture
 from specc.compiler import shape_plan
 from specc.errors import BundleError
 from specc.recipe import parse_recipe
-from specc.runtime.sampling import SamplingParams
+from specc.speculation.sampling import SamplingParams
 from specc.testing import make_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -199,7 +199,7 @@ def test_kv_cache_stays_on_the_gpu(gpu_bundle):
     _, _, bundle = gpu_bundle
     model = specc.load(bundle)
     seen = []
-    runner = model.target.runner
-    model.target.runner = lambda *args: seen.append({a.device.type for a in args}) or runner(*args)
+    runner = model.target.step.runner
+    model.target.step.runner = lambda *args: seen.append({a.device.type for a in args}) or runner(*args)
     model.generate([[1, 2, 3]], max_new_tokens=4)
     assert seen and all(devices == {"cuda"} for devices in seen)

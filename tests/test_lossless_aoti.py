@@ -9,7 +9,7 @@ import pytest
 
 from lossless_checks import (assert_greedy_lossless, assert_sampling_lossless, assert_target_only_is_hf_greedy,
                              small_vocab_bundle, token_prompts)
-from specc.runtime.sampling import SamplingParams
+from specc.speculation.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

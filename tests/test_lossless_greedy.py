@@ -19,7 +19,7 @@ def _target_only(model, prompts) -> list[list[int]]:
 
 def _mismatches(model, prompts, batch, **spec):
     """Indices of prompts whose speculative output differs from target-only; also the speculative stats."""
-    from specc.runtime.engine import RunStats
+    from specc.runtime.stats import RunStats
 
     spec = spec if model.tree is None else {}  # trees draft the recipe's shape
     reference = _target_only(model, prompts)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import specc
-from specc.runtime import engine, sampling
-from specc.runtime.sampling import RowParams, SamplingParams, probs_from_logits, sample
+from specc.runtime import scheduler
+from specc.speculation import sampling
+from specc.speculation.sampling import RowParams, SamplingParams, probs_from_logits, sample
 from specc.testing import derive_draft, make_tiny_model
 
 from conftest import build_bundle
@@ -63,7 +64,7 @@ def exact_marginals(target_dir, params: SamplingParams, prompt: list[int] = PROM
 
 
 def draw(bundle, params: SamplingParams, prompt: list[int] = PROMPT, batch: int = 512):
-    from specc.runtime.engine import RunStats
+    from specc.runtime.stats import RunStats
 
     model = specc.load(bundle)
     out, stats = [], RunStats()
@@ -125,7 +126,7 @@ def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch, mode):
     if mode == "chain":
         monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
     else:
-        monkeypatch.setattr(engine, "accept_tree_sampled", _accept_first_child)
+        monkeypatch.setattr(scheduler, "accept_tree_sampled", _accept_first_child)
     target, bundles = small_vocab
     params = PARAMS[0]
     exact = exact_marginals(target, params)
@@ -141,9 +142,10 @@ def test_lookup_first_with_the_wrong_q_is_caught(small_vocab, monkeypatch):
 
     one_hot = PromptLookupDrafter.drafts
 
-    def uniform_q(self, found, params, device):
-        draft, q, n_draft = one_hot(self, found, params, device)
-        return draft, None if q is None else torch.full_like(q, 1.0 / q.shape[-1]), n_draft
+    def uniform_q(self, found, params, device, source):
+        p = one_hot(self, found, params, device, source)
+        p.q = None if p.q is None else torch.full_like(p.q, 1.0 / p.q.shape[-1])
+        return p
 
     monkeypatch.setattr(PromptLookupDrafter, "drafts", uniform_q)
     target, bundles = small_vocab

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specc.capture.export import dim_ranges
+from specc.capture.shapes import dim_ranges
 from specc.capture.graph import capture
 from specc.passes import PassContractError
 from specc.passes.replace_causal_mask import ReplaceCausalMask
@@ -121,7 +121,7 @@ def test_early_exit_layer_out_of_range(hf):
 
 def test_insert_verify_head_equals_host_acceptance(hf):
     from specc.passes.insert_verify_head import InsertVerifyHead
-    from specc.runtime.sampling import RowParams, SamplingParams, accept
+    from specc.speculation.sampling import RowParams, SamplingParams, accept
 
     plain = capture("target", hf, dim_ranges(4, 64))
     graph = capture("target", hf, dim_ranges(4, 64))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from specc.backends.profiles import PREFILL_OPT_TOKENS, Profile, ShapePlan, dim_sizes, plan_profiles, select_profile, step_tokens
-from specc.capture.export import dim_ranges
+from specc.capture.shapes import dim_ranges
 from specc.errors import SpeccError
 
 RANGES = {name: tuple(r) for name, r in dim_ranges(8, 2048).to_dict().items()}

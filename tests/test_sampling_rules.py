@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specc.errors import RequestError
-from specc.runtime.sampling import (RowParams, SamplingParams, accept, accept_greedy, accept_sampled,
+from specc.speculation.sampling import (RowParams, SamplingParams, accept, accept_greedy, accept_sampled,
                                     probs_from_logits, sample)
 
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue

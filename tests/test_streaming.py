@@ -111,7 +111,7 @@ def test_bad_requests(bundles, kwargs, message):
 
 def test_requests_join_a_running_batch(bundles, prompts):
     """Continuous batching: rows admitted between rounds get the same output as alone."""
-    from specc.runtime.engine import Scheduler
+    from specc.runtime.scheduler import Scheduler
 
     model = specc.load(bundles["draft"])
     greedy, sampled = model.sampling_params(0.0), model.sampling_params(1.0, 20, 0.9)
@@ -122,7 +122,7 @@ def test_requests_join_a_running_batch(bundles, prompts):
     while submitted < len(requests) or sched.busy:
         if submitted < len(requests):  # a new request arrives every step
             text, params, seed = requests[submitted]
-            sched.submit(model.new_sequence(submitted, model.encode([text])[0], 12, params, seed, k=3))
+            sched.submit(model.new_request(submitted, model.encode([text])[0], 12, params, seed, k=3))
             submitted += 1
         for ev in sched.step():
             outs[ev.index] = outs.get(ev.index, []) + ev.token_ids

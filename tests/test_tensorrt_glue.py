@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from specc.backends import LowerOptions, get_backend, gpu, tensorrt_backend, torch_tensorrt_backend
 from specc.backends.tensorrt_backend import PLAN, TIMING_CACHE, TensorRTBuildError
-from specc.capture.export import dim_ranges
+from specc.capture.shapes import dim_ranges
 from specc.capture.graph import capture
 from specc.cli import main
 from specc.compiler import compile_recipe, shape_plan
@@ -241,7 +241,7 @@ def test_lowering_records_profiles_precision_and_versions(monkeypatch, fake_gpu,
     assert config.profiles[0].shapes["input_ids"] == ((1, 1), (4, 4), (4, 4))
     assert config.profiles[1].shapes["k_cache"][2] == (2, 4, 2, 256, 16)  # [L, B, H_kv, S, D] at max
 
-    from specc.report import format_manifest
+    from specc.cli.format import format_manifest
 
     graph_entry = {"dir": "target", **entry, **graph.signature(), "ranges": graph.ranges.to_dict(), "model": graph.dims.to_dict()}
     manifest = {"format": "specc-bundle", "format_version": 1, "specc_version": "0", "backend": "tensorrt",
@@ -376,7 +376,7 @@ class FakeContext:
 def test_runner_selects_profiles_and_binds_tensors_in_place(monkeypatch, recipe, hf_model):
     from specc.backends.profiles import Profile
     from specc.backends.trt_runner import TrtRunner
-    from specc.capture.export import example_inputs
+    from specc.capture.shapes import example_inputs
 
     fake = FakeTensorRT()
     fake.DataType = types.SimpleNamespace(FLOAT="f32", HALF="f16", INT32="i32", INT64="i64", BOOL="b", INT8="i8",

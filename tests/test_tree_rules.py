@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.runtime.sampling import sample
-from specc.runtime.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled
+from specc.speculation.sampling import sample
+from specc.speculation.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled
 
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue
 

@@ -17,7 +17,7 @@ from specc.backends import tensorrt_backend
 from specc.backends.onnx_export import PASS_KEY, export_onnx
 from specc.backends.onnxruntime_backend import OPSET as ORT_OPSET
 from specc.backends.trt_coverage import TensorRTCoverageError, check_onnx, load_table
-from specc.capture.export import dim_ranges
+from specc.capture.shapes import dim_ranges
 from specc.capture.graph import capture
 from specc.cli import main
 from specc.passes.base import GraphPass

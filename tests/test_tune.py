@@ -8,7 +8,7 @@ import yaml
 
 from specc.cli import main
 from specc.errors import SpeccError
-from specc.tune import Costs, _edit_k, expected_tokens, predicted_speedup, set_speculation_k
+from specc.bench.tune import Costs, _edit_k, expected_tokens, predicted_speedup, set_speculation_k
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
 
@@ -53,7 +53,7 @@ def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_p
 
 def test_tune_prompt_lookup_uses_the_lookup_cost_and_hit_rate(bundles):
     import specc
-    from specc.tune import run_tune
+    from specc.bench.tune import run_tune
 
     items = [{"prompt": "abc abc abc abc abc", "chat": False, "kind": ""}, {"prompt": "x = 1\nx = 1\nx =", "chat": False, "kind": ""}]
     result = run_tune(specc.load(bundles["prompt_lookup"]), items, k_max=3, max_new_tokens=8, repeats=1, timing_prompts=1)

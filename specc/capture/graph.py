@@ -11,7 +11,7 @@ import torch
 from torch.export import Dim, ExportedProgram
 from torch.fx import GraphModule, Node
 
-from .export import AXES, DimRanges, ModelDims, example_inputs
+from .shapes import AXES, DimRanges, ModelDims, example_inputs
 from .step_decoder import INPUT_NAMES, OUTPUT_NAMES, StepDecoder
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..bundle import sha256_of
+from ..digest import sha256_of
 from ..errors import ModelError
 from .cache import cache_dir
+from .gguf import convert_gguf
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,6 @@ def assemble_gguf(model: CatalogModel) -> Path:
 
 def pull(name: str) -> Path:
     """Make catalog model `name` available as a converted HF directory; returns it."""
-    from .load import convert_gguf
-
     model = get(name)
     if (model.hf_dir / "config.json").exists():
         return model.hf_dir

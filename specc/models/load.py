@@ -1,15 +1,15 @@
 """Load Hugging Face causal LMs from a catalog name, a local directory or a GGUF file."""
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..bundle import sha256_of
+from ..digest import sha256_of
 from ..errors import ModelError
 from . import catalog
+from .gguf import convert_gguf
 from .cache import cache_dir
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -21,27 +21,6 @@ class LoadedModel:
     tokenizer: object
     path: Path  # the Hugging Face directory the weights came from
     source: str  # what the recipe named
-
-
-def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """Dequantise a GGUF file once into a safetensors HF directory `out_dir`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # transformers raises many types for unreadable files
-        raise ModelError(f"could not read GGUF file {gguf}: {exc}") from None
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
 
 
 def resolve_source(source: str) -> Path:

@@ -15,7 +15,7 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPas
     if role == "draft" and recipe.draft.method == "early_exit":
         adapter = None
         if recipe.draft.adapter:
-            from ..exit_adapter import load_adapter
+            from ..heads.exit import load_adapter
 
             adapter = load_adapter(recipe.draft.adapter, recipe.draft.layer, hidden_size)
         passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]

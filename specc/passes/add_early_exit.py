@@ -7,46 +7,23 @@ ensures:  output exit_logits [B, R, V] float32, read at the same logit_index as 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..capture.graph import StepGraph
+from ..heads.exit import ExitAdapter, ExitHead
 from .base import GraphPass, has_output
 
 
-class ExitAdapter(nn.Module):
-    """h + W2 silu(W1 rms_norm(h)): a small residual MLP trained by `specc train-exit-head`."""
+class GatherExitHead(nn.Module):
+    """The exit head at the logit_index positions only."""
 
-    def __init__(self, hidden: int, rank: int, eps: float):
+    def __init__(self, head: ExitHead):
         super().__init__()
-        self.norm_weight = nn.Parameter(torch.ones(hidden))
-        self.w1 = nn.Linear(hidden, rank, bias=False)
-        self.w2 = nn.Linear(rank, hidden, bias=False)
-        self.eps = eps
-        nn.init.zeros_(self.w2.weight)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        x = F.rms_norm(h.float(), (h.shape[-1],), self.norm_weight, self.eps).to(h.dtype)
-        return h + self.w2(F.silu(self.w1(x)))
-
-
-class ExitHead(nn.Module):
-    """Gather the requested positions, then (adapter), final norm and LM head: the target's own head."""
-
-    def __init__(self, norm_weight: nn.Parameter, lm_head_weight: nn.Parameter, eps: float, offset: float,
-                 adapter: ExitAdapter | None):
-        super().__init__()
-        self.norm_weight, self.lm_head_weight = norm_weight, lm_head_weight
-        self.eps, self.offset, self.adapter = eps, offset, adapter
+        self.head = head
 
     def forward(self, hidden: torch.Tensor, logit_index: torch.Tensor) -> torch.Tensor:
         b, r = logit_index.shape
-        h = torch.gather(hidden, 1, logit_index[:, :, None].expand(b, r, hidden.shape[-1]))
-        if self.adapter is not None:
-            h = self.adapter(h)
-        weight = self.norm_weight.float() + self.offset if self.offset else self.norm_weight.float()
-        h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps).to(hidden.dtype)
-        return F.linear(h, self.lm_head_weight).float()
+        return self.head(torch.gather(hidden, 1, logit_index[:, :, None].expand(b, r, hidden.shape[-1])))
 
 
 class AddEarlyExit(GraphPass):
@@ -64,8 +41,8 @@ class AddEarlyExit(GraphPass):
         if not 1 <= self.layer < n_layers:
             raise ValueError(f"draft.layer must be in [1, {n_layers - 1}] for this {n_layers}-layer target, got {self.layer}")
         gm = graph.gm
-        head = ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"),
-                        graph.head["norm_eps"], graph.head["norm_offset"], self.adapter)
+        head = GatherExitHead(ExitHead(gm.get_parameter("norm.weight"), gm.get_parameter("lm_head.weight"),
+                                       graph.head["norm_eps"], graph.head["norm_offset"], self.adapter))
         gm.add_submodule("exit_head", head)
         hidden = graph.module_output(f"layers.{self.layer - 1}")
         index = graph.placeholder("logit_index")

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..capture.graph import InputSpec, StepGraph
-from ..runtime.sampling import accept_greedy, accept_sampled, probs_from_logits
+from ..limits import MAX_K
+from ..speculation.sampling import accept_greedy, accept_sampled, probs_from_logits
 from .base import GraphPass, has_input, has_output, lacks_output
 
 
@@ -58,7 +59,7 @@ class InsertVerifyHead(GraphPass):
             "u_accept": (torch.rand(b, k, device=dev), {0: "batch", 1: "draft"}),
             "u_next": (torch.rand(b, device=dev), {0: "batch"}),
         }
-        graph.ranges.extra.setdefault("draft", (1, 16))
+        graph.ranges.extra.setdefault("draft", (1, MAX_K))
         head_inputs = [graph.add_input(InputSpec(name, ex, dims)) for name, (ex, dims) in examples.items()]
         graph.gm.add_submodule("verify_head", VerifyHead())
         nodes = dict(zip(graph.outputs, graph.output_nodes()))

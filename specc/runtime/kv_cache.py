@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..capture.export import ModelDims
+from ..capture.shapes import ModelDims
 
 BLOCK = 64  # capacity grows in blocks so the graphs see few distinct cache sizes
 

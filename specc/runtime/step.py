@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..capture.export import ModelDims
+from ..capture.shapes import ModelDims
 from .kv_cache import KVCache
 
 

@@ -15,8 +15,9 @@ import traceback
 from dataclasses import dataclass, field
 
 from ..errors import SpeccError
-from ..runtime.engine import Scheduler, SpecModel, StreamEvent
-from ..runtime.state import Sequence
+from ..runtime.model import SpecModel
+from ..runtime.scheduler import Scheduler, StreamEvent
+from ..runtime.state import Request
 from .interface import GenerationRequest, parse_request, response_tensors
 
 _IDLE_POLL_S = 0.1  # how often an idle engine thread looks for new requests or shutdown
@@ -27,7 +28,7 @@ class _Live:
     """A request in the scheduler."""
 
     sender: object
-    seq: Sequence
+    seq: Request
     stream: bool
     requested: frozenset[str]
     text: list[str] = field(default_factory=list)
@@ -89,7 +90,7 @@ class Orchestrator:
             return
         for parsed, sender, requested in items + _drain(self.inbox):
             try:
-                seq = self._sequence(parsed)
+                seq = self._request(parsed)
             except SpeccError as exc:
                 self._fail(sender, str(exc), self.pb.TritonError.INVALID_ARG)
                 continue
@@ -100,11 +101,11 @@ class Orchestrator:
             self.live[seq.index] = _Live(sender, seq, parsed.stream, requested)
             self.scheduler.submit(seq)
 
-    def _sequence(self, r: GenerationRequest) -> Sequence:
+    def _request(self, r: GenerationRequest) -> Request:
         m = self.model
         params = m.sampling_params(r.temperature, r.top_k, r.top_p)
         ids = m.encode([r.prompt], chat=r.chat)[0]
-        seq = m.new_sequence(self.next_index, ids, r.max_tokens, params, r.seed, r.stop, k=self.scheduler.k)
+        seq = m.new_request(self.next_index, ids, r.max_tokens, params, r.seed, r.stop, k=self.scheduler.lookahead)
         self.next_index += 1
         return seq
 

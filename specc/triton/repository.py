@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 from ..bundle import MANIFEST, open_bundle
 from ..errors import SpeccError
 from .configs import PLATFORMS, engine_config, orchestrator_config

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, read_manifest, verify_files
-from ..runtime.engine import SpecModel, load, open_runner
+from ..runtime.model import SpecModel, load, open_runner
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .report import table
+from .table import table
 
 
 def _notes(r: dict) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .errors import SpeccError
+from ..errors import SpeccError
 
 SPECC_TARGET_ONLY = "specc target-only"
 
@@ -47,8 +47,8 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
 def load_bundles(paths: list[Path], verify: bool = True) -> list:
     """Load bundles; graphs that are byte-identical across them (one target compiled into several
     bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
-    from .bundle import open_bundle
-    from .runtime.engine import SpecModel, open_runner
+    from ..bundle import open_bundle
+    from ..runtime.model import SpecModel, open_runner
 
     engines: dict[tuple, object] = {}
 
@@ -86,7 +86,7 @@ class SpeccSystem:
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
         """Generate every prompt, batch_size at a time; token ids, per-prompt figures and the aggregate."""
-        from .runtime.engine import RunStats
+        from ..runtime.stats import RunStats
 
         tokens, per_prompt, total = [None] * len(prompts), [], RunStats()
         for lo in range(0, len(prompts), self.batch_size):
@@ -114,7 +114,7 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
             continue
         name = model.bundle.path.name
         variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
-        if model.target.has_tree_mask and model.draft_method != "prompt_lookup":
+        if model.target.step.has_tree_mask and model.drafter.supports_tree:
             variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
         if not variants:
             label = model.tree.label if model.tree else f"chain k={model.k}"
@@ -205,7 +205,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     (bench_llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
     with a bandwidth line per target. progress: a bar on stderr, one step per system run.
     """
-    from .bench_report import summary_table, write_outputs
+    from .report import summary_table, write_outputs
 
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
@@ -220,7 +220,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     prompts = encode_prompts(models[0], items)
     systems, skipped = [], []
     if compare == "hf":
-        from .bench_hf import hf_systems
+        from .hf import hf_systems
 
         systems, skipped = hf_systems(models, list(k_values) or sorted({m.k for m in models}), models[0].tokenizer)
     systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)

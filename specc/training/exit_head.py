@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .errors import SpeccError
-from .passes.add_early_exit import ExitAdapter
+from ..capture.step_decoder import StepDecoder
+from ..errors import SpeccError
+from ..heads.exit import ExitAdapter, ExitHead
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".toml", ".yaml", ".yml", ".c", ".h", ".js", ".ts")
 
@@ -79,32 +80,20 @@ def teacher_pass(model, seqs: torch.Tensor, layer: int, top_k: int, desc: str):
     return torch.cat(hidden), torch.cat(vals), torch.cat(idx)
 
 
-class ExitLogits(torch.nn.Module):
-    """Adapter (optional) + the target's final norm and LM head, as the early-exit graph computes them."""
-
-    def __init__(self, model, adapter: ExitAdapter | None):
-        super().__init__()
-        self.model, self.adapter = model, adapter
-        self.offset = 1.0 if model.config.model_type == "gemma" else 0.0
-        norm = model.model.norm
-        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.adapter is not None:
-            h = self.adapter(h)
-        weight = self.model.model.norm.weight.float() + self.offset
-        h = F.rms_norm(h.float(), (h.shape[-1],), weight, self.eps)
-        return F.linear(h, self.model.lm_head.weight.float())
+def exit_head(model, adapter: ExitAdapter | None) -> ExitHead:
+    """The early-exit head over this model's final norm and LM head, as the draft graph computes it."""
+    norm = StepDecoder(model).norm  # the norm as captured: eps and the family's weight offset
+    return ExitHead(norm.weight, model.lm_head.weight, norm.eps, norm.offset, adapter)
 
 
 @torch.no_grad()
-def agreement(exit_logits: ExitLogits, model, seqs: torch.Tensor, layer: int) -> dict:
+def agreement(head: ExitHead, model, seqs: torch.Tensor, layer: int) -> dict:
     """Greedy top-1 agreement and expected sampling acceptance sum(min(p, q)) at temperature 1."""
     top1 = accept = n = 0.0
     for row in seqs:
         out = model(row[None], output_hidden_states=True)
         p = torch.softmax(out.logits[0].float(), -1)
-        q = torch.softmax(exit_logits(out.hidden_states[layer][0]), -1)
+        q = torch.softmax(head(out.hidden_states[layer][0]), -1)
         top1 += (p.argmax(-1) == q.argmax(-1)).float().sum().item()
         accept += torch.minimum(p, q).sum(-1).sum().item()
         n += p.shape[0]
@@ -124,9 +113,9 @@ def train_exit_head(model, tokenizer, cfg: TrainConfig) -> tuple[ExitAdapter, di
     evals = token_sequences(tokenizer, files, cfg.eval_tokens, cfg.seq_len, skip=train.numel())
     hidden, top_vals, top_idx = teacher_pass(model, train, cfg.layer, cfg.top_k, "teacher pass")
     hidden_size = model.config.hidden_size
-    adapter = ExitAdapter(hidden_size, cfg.rank or hidden_size, ExitLogits(model, None).eps)
-    head = ExitLogits(model, adapter)
-    before = agreement(ExitLogits(model, None), model, evals, cfg.layer)
+    adapter = ExitAdapter(hidden_size, cfg.rank or hidden_size, exit_head(model, None).eps)
+    head = exit_head(model, adapter)
+    before = agreement(exit_head(model, None), model, evals, cfg.layer)
     target = torch.softmax(top_vals, -1)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import RecipeError
+from ..limits import MAX_TREE_BRANCHING, MAX_TREE_CHILD_INDEX, MAX_TREE_DEPTH, MAX_TREE_NODES
 from .sampling import sample
 
 
@@ -34,19 +34,22 @@ class TreeShape:
 
     @classmethod
     def from_recipe(cls, tree: dict) -> "TreeShape":
+        """From the recipe's speculation.tree mapping; ValueError says what is wrong with static paths."""
         paths = tree.get("paths")
         if paths is None:
             return cls(None, tree["depth"], tree["branching"], tree["max_nodes"])
         if not isinstance(paths, list) or not paths or not all(
-            isinstance(p, list) and p and all(isinstance(i, int) and 0 <= i < 64 for i in p) for p in paths
+            isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool)
+                                              and 0 <= i <= MAX_TREE_CHILD_INDEX for i in p) for p in paths
         ):
-            raise RecipeError("speculation.tree.paths", "must be a non-empty list of non-empty lists of child indices 0..63, e.g. [[0], [1], [0, 0]]")
+            raise ValueError(f"must be a non-empty list of non-empty lists of child indices 0..{MAX_TREE_CHILD_INDEX}, "
+                             "e.g. [[0], [1], [0, 0]]")
         norm = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
         for p in norm:
             if len(p) > 1 and p[:-1] not in norm:
-                raise RecipeError("speculation.tree.paths", f"path {list(p)} has no parent path {list(p[:-1])}; every prefix must be listed")
-        if len(norm) > 128:
-            raise RecipeError("speculation.tree.paths", f"{len(norm)} nodes; at most 128")
+                raise ValueError(f"path {list(p)} has no parent path {list(p[:-1])}; every prefix must be listed")
+        if len(norm) > MAX_TREE_NODES:
+            raise ValueError(f"{len(norm)} nodes; at most {MAX_TREE_NODES}")
         return cls(tuple(norm), max(len(p) for p in norm), max(p[-1] for p in norm) + 1, len(norm))
 
     @property
@@ -57,13 +60,14 @@ class TreeShape:
 
     @classmethod
     def parse(cls, text: str) -> "TreeShape":
-        """`DEPTH,BRANCHING,MAX_NODES` (the CLI's --tree)."""
+        """`DEPTH,BRANCHING,MAX_NODES` (the CLI's --tree); ValueError says what is allowed."""
         try:
             depth, branching, max_nodes = (int(x) for x in text.split(","))
         except ValueError:
-            raise RecipeError("--tree", f"{text!r} is not DEPTH,BRANCHING,MAX_NODES (e.g. 3,2,8)") from None
-        if not (1 <= depth <= 16 and 1 <= branching <= 8 and 1 <= max_nodes <= 128):
-            raise RecipeError("--tree", f"{text!r}: depth 1..16, branching 1..8, max_nodes 1..128")
+            raise ValueError(f"{text!r} is not DEPTH,BRANCHING,MAX_NODES (e.g. 3,2,8)") from None
+        if not (1 <= depth <= MAX_TREE_DEPTH and 1 <= branching <= MAX_TREE_BRANCHING and 1 <= max_nodes <= MAX_TREE_NODES):
+            raise ValueError(f"{text!r}: depth 1..{MAX_TREE_DEPTH}, branching 1..{MAX_TREE_BRANCHING}, "
+                             f"max_nodes 1..{MAX_TREE_NODES}")
         return cls(None, depth, branching, max_nodes)
 
     @property

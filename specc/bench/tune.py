@@ -10,8 +10,8 @@ speculation:
 
 - c_t: one target decode step (1 token); c_v(k): one verify pass of k+1 tokens, measured for each
   k (on CPUs it grows with k); c_d: one draft step (model, quantised and early-exit drafters).
-  Each is the median time of the bundle's own engine calls (`SpecModel.target`,
-  `SpecModel.drafter.step`) at batch 1, on a KV cache holding a real prompt, the calls of all
+  Each is the median time of the bundle's own target passes (`Target.decide`) and drafting
+  steps (`Drafter.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
   kinds interleaved. Host work per round (acceptance outside the graph, KV commits, Python) is
   not in the model; the measured check shows it.
 - alpha: accepted / (accepted + rejected) over a speculative run on the prompts at k = k_max,
@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from .errors import SpeccError
+from ..errors import SpeccError
+from ..limits import MAX_K
 
 
 @dataclass
@@ -78,64 +79,48 @@ def _timed(fn, samples: list[float], keep: bool = True) -> None:
         samples.append(time.perf_counter() - start)
 
 
-def _head_inputs(width: int, n_draft: int, vocab: int) -> dict[str, torch.Tensor]:
-    """Greedy inputs of a verification-head target graph (passes/insert_verify_head.py)."""
-    return {"draft_tokens": torch.zeros(1, width, dtype=torch.long), "draft_probs": torch.zeros(1, width, vocab),
-            "n_draft": torch.tensor([n_draft]), "temperature": torch.zeros(1), "top_k": torch.zeros(1, dtype=torch.long),
-            "top_p": torch.ones(1), "u_accept": torch.zeros(1, width), "u_next": torch.zeros(1)}
-
-
-def _target_call(model, ids: torch.Tensor, cache, rows: torch.Tensor):
-    """One target pass as the runtime makes it (Scheduler._head_step for verification-head graphs)."""
-    if not model.verify_head:
-        return model.target(ids, cache, logit_index=rows)
-    t = ids.shape[1]
-    if t == 1 or rows.shape[1] == 1:  # no drafts: one dummy draft, n_draft 0, the row read twice
-        return model.target(ids, cache, logit_index=torch.cat([rows, rows[:, -1:]], 1),
-                            **_head_inputs(1, 0, model.target.dims.vocab_size))
-    return model.target(ids, cache, logit_index=rows, **_head_inputs(t - 1, t - 1, model.target.dims.vocab_size))
-
-
 def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5) -> Costs:
-    """Time c_t, c_v(1..k_max) and the drafting cost on each prompt's KV cache (batch 1, greedy)."""
-    from .runtime.drafters import ModelDrafter, PromptLookupDrafter, SharedCacheDrafter
-    from .runtime.kv_cache import KVCache, LayerView
+    """Time c_t, c_v(1..k_max) and the drafting cost on each prompt's KV cache (batch 1, greedy).
+
+    Each prompt is prefilled by the scheduler as a generation would be (target and drafter); the
+    target passes are `Target.decide` calls, the drafting cost the drafter's own `probe`.
+    """
+    from ..runtime.drafters import Proposal
+    from ..runtime.scheduler import Scheduler
+    from ..speculation.sampling import SamplingParams
 
     device = model.device
     target_s: list[float] = []
     verify_s: dict[int, list[float]] = {k: [] for k in range(1, k_max + 1)}
     draft_s: list[float] = []
     drafter = model.drafter
-    for prompt in prompts:
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        n = ids.shape[1]
+    scheduler = Scheduler(model, k=k_max)
+    for i, prompt in enumerate(prompts):
+        n = len(prompt)
         if n + k_max + 2 > model.max_context:
             raise SpeccError(f"a prompt of {n} tokens + k_max {k_max} exceeds the bundle's max_context {model.max_context}")
-        cache = KVCache(model.target.dims, 1, model.max_context, device)
+        request = model.new_request(i, prompt, 1, SamplingParams(), 0, k=k_max)
+        batch, first_token = scheduler.prefill([request])
+        request.out = first_token[0]
+        cache, params = batch.cache, batch.params
         cache.ensure(n + k_max + 2)
-        out = _target_call(model, ids, cache, torch.tensor([[n - 1]], device=device))
-        cache.commit(out[-2], out[-1], torch.tensor([n], device=device))
         # the tokens fed below only need the right shapes: cost does not depend on their values
-        feed = ids[:, -1:].repeat(1, k_max + 1)
-        draft_cache = None
-        if isinstance(drafter, SharedCacheDrafter):
-            draft_cache = LayerView(cache, drafter.step.dims.n_layers)
-        elif isinstance(drafter, ModelDrafter):
-            draft_cache = KVCache(drafter.step.dims, 1, model.max_context, device)
-            draft_cache.ensure(n + 1)
-            _, new_k, new_v = drafter.step(ids, draft_cache, logit_index=torch.tensor([[n - 1]], device=device))
-            draft_cache.commit(new_k, new_v, torch.tensor([n], device=device))
+        feed = torch.tensor([prompt[-1:] * (k_max + 1)], dtype=torch.long, device=device)
+        zero = torch.zeros(1, device=device)
         first = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+        def verify(k: int):
+            drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device), drafter.kind)
+            rows = torch.arange(k + 1, device=device)[None]
+            return model.target.decide(cache, feed[:, :k + 1], rows, params, zero, drafts, torch.zeros(1, k, device=device))
+
+        probe = drafter.probe(batch, k_max)
         for r in range(repeats + 1):  # round 0 warms this cache's shapes up and is not kept
-            _timed(lambda: _target_call(model, feed[:, :1], cache, first), target_s, r > 0)
+            _timed(lambda: model.target.decide(cache, feed[:, :1], first, params, zero), target_s, r > 0)
             for k in verify_s:
-                rows = torch.arange(k + 1, device=device)[None]
-                _timed(lambda: _target_call(model, feed[:, :k + 1], cache, rows), verify_s[k], r > 0)
-            if draft_cache is not None:
-                _timed(lambda: drafter.step(feed[:, :1], draft_cache, logit_index=first), draft_s, r > 0)
-            elif isinstance(drafter, PromptLookupDrafter):
-                _timed(lambda: drafter.lookup(prompt, k_max), draft_s, r > 0)
-    lookup = isinstance(drafter, PromptLookupDrafter)
+                _timed(lambda: verify(k), verify_s[k], r > 0)
+            _timed(probe, draft_s, r > 0)
+    lookup = drafter.cost == "lookup"
     med = statistics.median
     return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()},
                  None if lookup else med(draft_s), med(draft_s) if lookup else None)
@@ -155,11 +140,11 @@ def check_bundle(model) -> None:
 def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64, repeats: int = 3,
              timing_prompts: int = 4, check_k: list[int] | None = None) -> dict:
     """Measure, predict, pick k, check; returns the results (printed by `format_tune`)."""
-    from .bench import SpeccSystem, encode_prompts, median_run
+    from .run import SpeccSystem, encode_prompts, median_run
 
     check_bundle(model)
-    if not 1 <= k_max <= 16:
-        raise SpeccError(f"--k-max must be in [1, 16], got {k_max}")
+    if not 1 <= k_max <= MAX_K:
+        raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
     if repeats < 1 or timing_prompts < 1:
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
     if check_k and not all(1 <= k <= k_max for k in check_k):
@@ -210,7 +195,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
 
 
 def format_tune(result: dict) -> str:
-    from .report import table
+    from .table import table
 
     c = result["costs"]
     c_t = c["target_step"]
@@ -245,7 +230,7 @@ def format_tune(result: dict) -> str:
 
 def check_recipe_matches(path: Path, model) -> None:
     """Refuse to write into a recipe that did not produce this bundle's target and drafter."""
-    from .recipe import load_recipe
+    from ..recipe import load_recipe
 
     recipe = load_recipe(path)
     manifest = model.bundle.manifest
@@ -259,7 +244,7 @@ def set_speculation_k(path: Path, k: int) -> int:
 
     The edited text is validated: it must parse to the same recipe with only speculation.k changed.
     """
-    from .recipe import parse_recipe
+    from ..recipe import parse_recipe
 
     path = Path(path)
     text = path.read_text()

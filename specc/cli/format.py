@@ -5,23 +5,7 @@ import importlib
 import platform
 from pathlib import Path
 
-
-def table(headers: list[str], rows: list[list], align: str | None = None) -> str:
-    """A Markdown table (also readable in a terminal)."""
-    cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    align = align or "l" + "r" * (len(headers) - 1)
-    line = lambda vals: "| " + " | ".join(v.ljust(w) if a == "l" else v.rjust(w) for v, w, a in zip(vals, widths, align)) + " |"
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2)) for w, a in zip(widths, align)) + "|"
-    return "\n".join([line(headers), sep, *(line(r) for r in cells)])
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
-    return str(value)
+from ..bench.table import fmt, table
 
 
 def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False) -> str:
@@ -42,8 +26,8 @@ def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False)
         ]
         if lookup_first:
             rows.append(["prompt-lookup rounds (acceptance)",
-                         f"{stats['lookup_rounds']} of {stats['rounds']} ({_fmt(stats['lookup_acceptance_rate'])}; "
-                         f"model rounds {_fmt(stats['model_acceptance_rate'])})"])
+                         f"{stats['lookup_rounds']} of {stats['rounds']} ({fmt(stats['lookup_acceptance_rate'])}; "
+                         f"model rounds {fmt(stats['model_acceptance_rate'])})"])
     return table(["stat", "value"], rows, "ll")
 
 
@@ -108,7 +92,7 @@ def _version(module: str) -> str | None:
 def doctor_report() -> str:
     import torch
 
-    from .backends import get_backend, names
+    from ..backends import get_backend, names
 
     lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}"]
     cuda = torch.cuda.is_available()

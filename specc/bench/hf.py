@@ -30,7 +30,7 @@ from typing import Iterator
 
 import torch
 
-from .runtime.state import RowStats
+from ..runtime.stats import RowStats
 
 HF_TARGET_ONLY = "hf target-only"
 # bundles whose drafter is no separate model that transformers' assisted generation could load
@@ -103,7 +103,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
 
     k_values: the constant draft lengths to measure (assisted and prompt lookup).
     """
-    from .models.load import load_model
+    from ..models.load import load_model
 
     manifest = models[0].bundle.manifest
     recipe = manifest["recipe"]

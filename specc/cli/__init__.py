@@ -6,18 +6,18 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import SpeccError
+from ..errors import SpeccError
 
 
 def _recipe_help() -> str:
-    from .recipe import describe_schema
+    from ..recipe import describe_schema
 
     return "recipe fields (YAML; see recipes/README.md and recipes/quickstart.yaml):\n" + "\n".join(describe_schema())
 
 
 def cmd_compile(args) -> int:
-    from .compiler import compile_recipe
-    from .recipe import load_recipe
+    from ..compiler import compile_recipe
+    from ..recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
     path = compile_recipe(recipe, output=args.output, dump_graphs=args.dump_graphs, progress=not args.quiet)
@@ -26,13 +26,13 @@ def cmd_compile(args) -> int:
 
 
 def _load(args):
-    from . import load
+    from ..runtime.model import load
 
     return load(args.bundle, verify=not getattr(args, "no_verify", False))
 
 
 def _read_prompts(args) -> list[dict]:
-    from .bench import read_prompts
+    from ..bench.run import read_prompts
 
     prompts = [{"prompt": p, "chat": args.chat} for p in (args.prompt or [])]
     if args.prompts:
@@ -53,13 +53,15 @@ def _sampling_kwargs(args) -> dict:
 
 
 def cmd_generate(args) -> int:
-    from .report import format_run_stats
+    from ..runtime.stats import RunStats
+    from .format import format_run_stats
 
     model = _load(args)
     items = _read_prompts(args)
     kwargs = dict(_sampling_kwargs(args), stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
-    for chat in sorted({it["chat"] for it in items}):
+    total = RunStats()
+    for chat in sorted({it["chat"] for it in items}):  # chat and plain prompts run as two groups
         idx = [i for i, it in enumerate(items) if it["chat"] == chat]
         if args.stream:
             for ev in model.stream([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
@@ -71,7 +73,8 @@ def cmd_generate(args) -> int:
         else:
             for c in model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs):
                 texts[idx[c.index]] = c.text
-        stats = model.last_stats.to_dict()
+        total.merge(model.last_stats)
+    stats = total.to_dict()
     if args.json:
         print(json.dumps({"completions": [texts[i] for i in range(len(items))], "stats": stats}, indent=2))
         return 0
@@ -84,11 +87,14 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import load_bundles, run_bench
-    from .runtime.tree import TreeShape
+    from ..bench.run import load_bundles, run_bench
+    from ..speculation.tree import TreeShape
 
     models = load_bundles(args.bundle, verify=not args.no_verify)
-    trees = [TreeShape.parse(t) for t in args.tree or []]
+    try:
+        trees = [TreeShape.parse(t) for t in args.tree or []]
+    except ValueError as exc:
+        raise SpeccError(f"--tree: {exc}") from None
     run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
               repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare,
               llamacpp={"target_gguf": args.llamacpp_target, "draft_gguf": args.llamacpp_draft, "threads": args.threads})
@@ -115,8 +121,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from . import load
-    from .tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
+    from ..runtime.model import load
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
 
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
@@ -141,8 +147,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .bundle import open_bundle
-    from .report import format_manifest
+    from ..bundle import open_bundle
+    from .format import format_manifest
 
     bundle = open_bundle(args.bundle, verify=not args.no_verify)
     if args.json:
@@ -153,7 +159,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_triton(args) -> int:
-    from .triton import write_repository
+    from ..triton import write_repository
 
     plans = write_repository(args.bundle, args.repo, name=args.name, layout=args.layout, engines=args.engines,
                              force=args.force, default_max_tokens=args.default_max_tokens)
@@ -166,14 +172,14 @@ def cmd_triton(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .report import doctor_report
+    from .format import doctor_report
 
     print(doctor_report())
     return 0
 
 
 def cmd_trt_check(args) -> int:
-    from .backends.trt_coverage import check_onnx, format_report
+    from ..backends.trt_coverage import check_onnx, format_report
 
     if not args.onnx.is_file():
         raise SpeccError(f"{args.onnx} does not exist or is not a file")
@@ -183,14 +189,14 @@ def cmd_trt_check(args) -> int:
 
 
 def cmd_passes(args) -> int:
-    from .passes import describe_passes
+    from ..passes import describe_passes
 
     print(describe_passes())
     return 0
 
 
 def cmd_models(args) -> int:
-    from .models import catalog
+    from ..models import catalog
 
     if args.action == "list":
         for m in catalog.CATALOG.values():
@@ -202,10 +208,10 @@ def cmd_models(args) -> int:
 
 
 def cmd_train_exit_head(args) -> int:
-    from .exit_adapter import save_adapter
-    from .models.load import load_model
-    from .report import table
-    from .train_exit_head import TrainConfig, train_exit_head
+    from ..heads.exit import save_adapter
+    from ..models.load import load_model
+    from .format import table
+    from ..training.exit_head import TrainConfig, train_exit_head
 
     loaded = load_model(args.model)
     cfg = TrainConfig(layer=args.layer, corpus=args.corpus, train_tokens=args.train_tokens, eval_tokens=args.eval_tokens,

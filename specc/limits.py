@@ -1,0 +1,9 @@
+"""Upper bounds of the speculation shape, shared by the recipe schema, the compiled graphs' shape
+ranges and the runtime's request checks (one definition; the recipe's help text shows them)."""
+
+MAX_K = 16  # chain drafts per round
+MAX_TREE_DEPTH = 16  # levels of a token tree
+MAX_TREE_BRANCHING = 8  # children per node of a dynamic tree
+MAX_TREE_NODES = 128  # drafted nodes verified in one target pass
+MAX_TREE_CHILD_INDEX = 63  # largest child index in a static tree path
+MAX_NGRAM = 16  # longest n-gram prompt lookup matches

@@ -1,0 +1,79 @@
+"""What a drafter is: it proposes tokens for every row of a batch; the target verifies them.
+
+A drafter object holds only its configuration and graphs; what it keeps between rounds lives
+on the batch (`Batch.draft_cache`), so batches can grow and shrink under it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ...errors import RequestError
+from ...speculation.sampling import RowParams
+from ...speculation.tree import DraftTree, TreeShape
+from ..state import Batch
+from ..step import StepRunner
+
+
+@dataclass
+class Proposal:
+    """One round's drafts for a batch.
+
+    tokens [B, W] drafted tokens (W <= k, rows right-padded); q [B, W, V] the distributions they
+    were drawn from (None when every row is greedy); lengths [B] valid drafts per row (0: nothing
+    to verify); source: who drafted them (the drafter's kind, or "lookup" for a prompt-lookup
+    round in front of a draft model), for the statistics.
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    lengths: torch.Tensor
+    source: str
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may take from its bundle when it is built."""
+
+    settings: dict  # the recipe's draft section
+    graph: str | None  # role of the draft graph in the bundle, if it has one
+    shares_target_cache: bool  # the draft graph is the target's first layers (early exit)
+    open_graph: Callable[[str], StepRunner]  # opens a graph of the bundle by role
+    max_context: int
+    vocab_size: int
+
+
+class Drafter:
+    """Base class. `kind` names the drafter in tables; `cost` tells `specc tune` how a round is
+    priced: "step" (k calls of a draft graph) or "lookup" (one n-gram lookup)."""
+
+    kind = "drafter"
+    cost = "step"
+    supports_tree = False
+    lookup_first = False  # prompt lookup in front of a draft model (recipe draft.lookup)
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "Drafter":
+        raise NotImplementedError
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Take in the prompts (ids [B, T] right-padded, lengths [B]) once the target has."""
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        """Up to k draft tokens per row, drawn with each row's own noise."""
+        raise NotImplementedError
+
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        """One token tree per row (drafters with supports_tree)."""
+        raise RequestError(f"{self.kind} drafting proposes chains, not trees")
+
+    def after_verify(self, batch: Batch, verdict) -> None:
+        """Called after the target's verdict is committed (`runtime.target.Verdict`, whose `extra`
+        holds further outputs of the target graph): for drafters that read the target's results."""
+
+    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        """A call that does one unit of drafting work on this batch (one draft-graph step of one
+        token, or one lookup of k tokens) without changing any state: what `specc tune` times."""
+        raise NotImplementedError

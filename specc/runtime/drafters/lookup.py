@@ -1,0 +1,88 @@
+"""Drafting by prompt lookup: n-grams of the row's own context, alone or in front of a draft model."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...speculation.sampling import RowParams
+from ..state import Batch
+from ..stats import LOOKUP
+from .base import DraftContext, Drafter, Proposal
+from .model import ModelDrafter
+
+
+class PromptLookupDrafter(Drafter):
+    """Drafts by n-gram lookup in the row's own context (prompt and generated text), no model.
+
+    The last n tokens (n from max_ngram down to min_ngram) are searched for in the earlier
+    context, most recent occurrence first; the tokens that followed it are the draft. The
+    draft distribution is one-hot at each proposed token, so sampled rows accept a draft d
+    with probability p(d) and correct from p without d: still exactly the target's distribution.
+    """
+
+    kind = "prompt_lookup"
+    cost = "lookup"
+
+    def __init__(self, max_ngram: int, min_ngram: int, vocab_size: int):
+        self.max_ngram, self.min_ngram, self.vocab_size = max_ngram, min_ngram, vocab_size
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "PromptLookupDrafter":
+        return cls(ctx.settings["max_ngram"], ctx.settings["min_ngram"], ctx.vocab_size)
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == tail:
+                    return tokens[start + n:start + n + k]
+        return []
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
+
+    def drafts(self, found: list[list[int]], params: RowParams, device: torch.device, source: str) -> Proposal:
+        """The proposal of each row's lookup: tokens [B, width], one-hot q (sampled rows), lengths."""
+        width = max(len(f) for f in found)
+        draft = torch.zeros(len(found), width, dtype=torch.long, device=device)
+        for b, f in enumerate(found):
+            draft[b, : len(f)] = torch.tensor(f, dtype=torch.long)
+        lengths = torch.tensor([len(f) for f in found], dtype=torch.long, device=device)
+        q = None
+        if not params.all_greedy:
+            q = torch.zeros(len(found), width, self.vocab_size, device=device).scatter_(-1, draft[..., None], 1.0)
+        return Proposal(draft, q, lengths, source)
+
+    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        tokens = batch.seqs[0].tokens
+        return lambda: self.lookup(tokens, k)
+
+
+class LookupFirstDrafter(Drafter):
+    """Prompt lookup first, the draft model where lookup finds nothing (recipe: draft.lookup).
+
+    A round whose every row finds an n-gram continuation drafts from the context alone and
+    skips the model; otherwise the model drafts for the whole batch. The choice depends only
+    on the context, never on this round's noise, and each round's q is the distribution its
+    drafts were drawn from, so acceptance stays exact. The model's cache catches up on the
+    tokens of lookup rounds in its next round (ModelDrafter feeds whatever its cache lacks).
+    """
+
+    lookup_first = True
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+        self.kind = model.kind
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.model.prefill(batch, ids, lengths)
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
+        if all(found):
+            return self.lookup.drafts(found, params, batch.cache.lengths.device, LOOKUP)
+        return self.model.propose(batch, k, params)
+
+    def after_verify(self, batch: Batch, verdict) -> None:
+        self.model.after_verify(batch, verdict)

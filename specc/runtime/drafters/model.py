@@ -1,0 +1,153 @@
+"""Drafters that run a draft step graph: a separate model (or the quantised target) with a KV
+cache of its own, and the early-exit draft that reads the target's cache."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...speculation.sampling import RowParams, choose, probs_from_logits, sample
+from ...speculation.tree import DraftTree, TreeShape, tree_tensors
+from ..kv_cache import KVCache, LayerView
+from ..state import Batch
+from ..step import StepRunner, pad_right
+from .base import DraftContext, Drafter, Proposal
+
+
+class ModelDrafter(Drafter):
+    """A draft step graph with its own KV cache (`Batch.draft_cache`), kept in step with the target's tokens."""
+
+    kind = "model"
+    supports_tree = True
+
+    def __init__(self, step: StepRunner, max_context: int):
+        self.step, self.max_context = step, max_context
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "ModelDrafter":
+        return cls(ctx.open_graph(ctx.graph), ctx.max_context)
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
+        cache.ensure(int(lengths.max()))
+        _, new_k, new_v = self.step(ids, cache, logit_index=torch.zeros_like(lengths)[:, None])
+        cache.commit(new_k, new_v, lengths)
+        batch.draft_cache = cache
+
+    def cache(self, batch: Batch) -> KVCache | LayerView:
+        """The draft KV this batch's rounds extend."""
+        return batch.draft_cache
+
+    def after_verify(self, batch: Batch, verdict) -> None:
+        # Draft KV is valid up to the first rejected draft: no further than the target's.
+        if batch.draft_cache is not None:
+            batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
+
+    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+        cache = self.cache(batch)
+        # Feed what the draft cache lacks: the pending token, and after a fully accepted
+        # round also the last draft token (its KV was never computed).
+        lengths = cache.lengths.tolist()
+        feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
+        cache.ensure(max(lengths) + feed.shape[1] + k)
+        noise = batch.noise(k)
+        tokens, probs = [], []
+        logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
+        for i in range(k):
+            cache.commit(new_k, new_v, n_feed)
+            tok, q = choose(logits[:, 0], params, noise[:, i])
+            tokens.append(tok)
+            probs.append(q)
+            if i + 1 < k:
+                n_feed = torch.ones_like(n_feed)
+                logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
+        q = None if params.all_greedy else torch.stack(probs, 1)
+        return Proposal(torch.stack(tokens, 1), q, torch.full_like(n_feed, k), self.kind)
+
+    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
+        """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).
+
+        The first call feeds what the draft cache lacks (ending with the root) and commits it;
+        each further call runs all drafted nodes with their ancestor mask at depth-based
+        positions, reading logits at the newest level only.
+        """
+        cache = self.cache(batch)
+        lengths = cache.lengths.tolist()
+        feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
+        cache.ensure(max(lengths) + feed.shape[1] + shape.size)
+        logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
+        cache.commit(new_k, new_v, n_feed)
+        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
+        noise = batch.noise(shape.size + 1)
+        frontier = [[0] for _ in trees]
+        for level in range(1, shape.depth + 1):
+            probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+            logq = torch.log_softmax(logits.float(), -1)
+            frontier = [
+                _expand(tree, frontier[b], None if params.greedy[b] else probs[b], logq[b], shape, level, noise[b])
+                for b, tree in enumerate(trees)
+            ]
+            if level == shape.depth or not any(frontier):
+                break
+            ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
+            index, _ = pad_right([[n - 1 for n in f] or [0] for f in frontier], cache.lengths.device)
+            positions = cache.lengths[:, None] - 1 + depth
+            logits, _, _ = self.step(ids, cache, logit_index=index, positions=positions, tree_mask=mask)
+        return trees
+
+    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        cache, pending = self.cache(batch), batch.pending[:, None]
+        first = torch.zeros_like(pending)
+        return lambda: self.step(pending, cache, logit_index=first)
+
+
+class SharedCacheDrafter(ModelDrafter):
+    """An early-exit draft: the target's first layers, reading the target's own KV cache.
+
+    Nothing to prefill and nothing to catch up: each round starts from a fresh view of the
+    target cache at the target's committed length, and feeds only the pending token.
+    """
+
+    kind = "early_exit"
+
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+        pass
+
+    def cache(self, batch: Batch) -> LayerView:
+        return LayerView(batch.cache, self.step.dims.n_layers)
+
+
+def _expand(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, logq: torch.Tensor,
+            shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
+    """Add children to this level's frontier nodes; returns the new nodes.
+
+    probs [F, V]: the draft distribution at each frontier node (sampled rows), None for greedy
+    rows; logq [F, V]: draft log-probabilities. Greedy candidates are the top tokens; sampled
+    candidates are i.i.d. draws from q, whose values never decide how many candidates a node gets.
+    """
+    wanted = shape.children_at_level(level)
+    if wanted is None:  # dynamic: expand the most likely paths first, within the node budget
+        order = sorted(range(len(frontier)), key=lambda i: -tree.score[frontier[i]])
+        counts = {}
+        for i in order:
+            if tree.size + sum(counts.values()) + shape.branching <= shape.max_nodes:
+                counts[i] = shape.branching
+    else:
+        counts = {i: wanted.get(tree.path[node], 0) for i, node in enumerate(frontier)}
+    new = []
+    for i, node in enumerate(frontier):
+        m = counts.get(i, 0)
+        if m == 0:
+            continue
+        if probs is None:
+            top = torch.topk(logq[i], m)
+            for rank, (tok, lq) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
+                new.append(tree.add(node, tok, lq, rank))
+        else:
+            q = probs[i]
+            tree.q[node] = q
+            for rank in range(m):
+                slot = tree.size + 1  # the index the new node gets: one noise value per node
+                tok = int(sample(q[None], noise[slot:slot + 1])[0])
+                new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
+    return new

@@ -1,0 +1,103 @@
+"""Speculation statistics: per request (RowStats) and per generate call or scheduler (RunStats)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOOKUP = "lookup"  # Proposal.source of a prompt-lookup round in front of a draft model (draft.lookup)
+
+
+@dataclass
+class RowStats:
+    """Speculation figures of one request (one batch row)."""
+
+    rounds: int = 0  # target passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
+    lookup_rounds: int = 0  # rounds drafted by prompt lookup in front of a draft model (draft.lookup) ...
+    lookup_drafted: int = 0  # ... and their drafted and accepted tokens
+    lookup_accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
+    drafted_at: list[int] = field(default_factory=list)
+
+    def record(self, n_draft: int, n_acc: int, source: str = "") -> None:
+        """One round of this row: n_draft tokens proposed (by `source`, see Proposal), n_acc accepted."""
+        self.rounds += 1
+        if source == LOOKUP:
+            self.lookup_rounds += 1
+            self.lookup_drafted += n_draft
+            self.lookup_accepted += n_acc
+        self.drafted += n_draft
+        self.accepted += n_acc
+        self.rejected += n_acc < n_draft
+        width = max(n_draft, len(self.drafted_at))
+        self.drafted_at += [0] * (width - len(self.drafted_at))
+        self.accepted_at += [0] * (width - len(self.accepted_at))
+        for i in range(n_draft):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < n_acc
+
+    def merge(self, other: "RowStats") -> None:
+        self.rounds += other.rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.lookup_rounds += other.lookup_rounds
+        self.lookup_drafted += other.lookup_drafted
+        self.lookup_accepted += other.lookup_accepted
+        for _ in range(len(other.drafted_at) - len(self.drafted_at)):
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "lookup_rounds": self.lookup_rounds,
+            "lookup_acceptance_rate": self.lookup_accepted / self.lookup_drafted if self.lookup_drafted else None,
+            "model_acceptance_rate": ((self.accepted - self.lookup_accepted) / (self.drafted - self.lookup_drafted)
+                                      if self.lookup_rounds and self.drafted > self.lookup_drafted else None),
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            # per-token acceptance alpha: of the drafts the target judged (each accepted one, and the first
+            # rejected one of a round), the fraction accepted; the geometric model's estimate of alpha
+            "per_token_acceptance": self.accepted / (self.accepted + self.rejected) if self.accepted + self.rejected else None,
+            "accepted_per_round": self.accepted / self.rounds if self.rounds else None,
+            "tokens_per_target_pass": (self.accepted + self.rounds) / self.rounds if self.rounds else None,
+            "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],
+        }
+
+
+@dataclass
+class RunStats:
+    """Aggregate figures of one generate call (or one scheduler's life)."""
+
+    requests: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0  # drafting, including the draft's own sampling
+    target_seconds: float = 0.0  # target passes after prefill (verify, or decode without speculation)
+    speculation: RowStats = field(default_factory=RowStats)
+
+    def merge(self, other: "RunStats") -> None:
+        for name in ("requests", "new_tokens", "seconds", "prefill_seconds", "draft_seconds", "target_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.speculation.merge(other.speculation)
+
+    def to_dict(self) -> dict:
+        host = self.seconds - self.draft_seconds - self.target_seconds - self.prefill_seconds
+        return {
+            "requests": self.requests,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.new_tokens / self.seconds if self.seconds else None,
+            "prefill_seconds": self.prefill_seconds,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "host_seconds": host,
+            **self.speculation.to_dict(),
+        }

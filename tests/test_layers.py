@@ -1,0 +1,126 @@
+"""specc's layers import one way only: every import (module level or inside a function) points to
+the same layer or a lower one, and no group of modules imports itself in a circle."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "specc"
+
+# bottom first: a module may import from its own layer and the layers above it in this list
+LAYERS: list[tuple[str, ...]] = [
+    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress"),
+    ("specc.speculation",),
+    ("specc.recipe",),
+    ("specc.models", "specc.capture", "specc.heads"),
+    ("specc.passes",),
+    ("specc.backends",),
+    ("specc.bundle",),
+    ("specc.compiler",),
+    ("specc.runtime",),
+    ("specc.serving", "specc.bench", "specc.triton", "specc.training", "specc.testing"),
+    ("specc.cli",),
+    ("specc",),  # the package itself: the public `specc.load`
+]
+
+
+def layer_of(module: str) -> int:
+    best = None
+    for rank, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (rank, len(p))
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.AST, parents: dict) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports_of(path: Path, me: str | None = None) -> set[str]:
+    """specc modules imported by a file (relative imports resolved; TYPE_CHECKING blocks skipped)."""
+    me = me or module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if _type_checking_only(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "specc"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "specc":
+                continue
+            for alias in node.names:  # `from . import x` may name a submodule
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (ROOT.parent / sub.replace(".", "/")).with_suffix(".py").exists()
+                          or (ROOT.parent / sub.replace(".", "/")).is_dir() else target)
+    found.discard(me)
+    return found
+
+
+GRAPH = {module_name(p): imports_of(p) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    for module in GRAPH:
+        layer_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_point_down(module):
+    upward = sorted(m for m in GRAPH[module] if layer_of(m) > layer_of(module))
+    assert not upward, f"{module} (layer {LAYERS[layer_of(module)]}) imports upward: {upward}"
+
+
+def test_no_import_cycles():
+    """No module reaches itself through imports (package __init__ files count as their modules)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(GRAPH.get(m, ())):
+            if n not in GRAPH:
+                continue
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_upward_imports_and_cycles(tmp_path):
+    """An upward import inside a function and one under TYPE_CHECKING (which is allowed)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..bench import run\n"
+                     "def f():\n    from ..runtime.model import SpecModel\n")
+    found = imports_of(probe, "specc.passes.probe")
+    assert found == {"specc.runtime.model"}
+    assert layer_of("specc.runtime.model") > layer_of("specc.passes.probe")

@@ -11,7 +11,7 @@ from lossless_checks import token_prompts
 from specc.backends.matmul_nbits import QuantConfig, quantize_linear_layers, quantize_rtn
 from specc.errors import RecipeError
 from specc.recipe import parse_recipe
-from specc.runtime import sampling
+from specc.speculation import sampling
 from specc.testing import derive_draft, make_tiny_model
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
 from test_lossless_sampling import PARAMS, VOCAB, _accept_everything, draw, exact_marginals
@@ -130,7 +130,7 @@ def test_row_invariance_is_checked_and_recorded(quantized_bundles):
 
 
 def test_bundle_records_the_quantisation(quantized_bundles):
-    from specc.report import format_manifest
+    from specc.cli.format import format_manifest
 
     model = specc.load(quantized_bundles["int4_wrong"])
     q = model.bundle.graph("target")["weight_quant"]
@@ -144,7 +144,7 @@ def test_bundle_records_the_quantisation(quantized_bundles):
                                           ("int4_lookup", 3, 4)])
 def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, prompts, name, batch, k):
     """Greedy speculative output equals the same bundle's (quantised) target-only output on 60 prompts."""
-    from specc.runtime.engine import RunStats
+    from specc.runtime.stats import RunStats
 
     assert len(prompts) >= 50
     model = specc.load(quantized_bundles[name])

@@ -202,7 +202,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     All bundles must share one target model. compare="hf" adds the Hugging Face systems of
     bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
     `hf target-only` the reference. compare="llamacpp" adds llama.cpp target-only and speculative
-    (bench_llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
+    (bench/llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
     with a bandwidth line per target. progress: a bar on stderr, one step per system run.
     """
     from .report import summary_table, write_outputs
@@ -225,7 +225,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         systems, skipped = hf_systems(models, list(k_values) or sorted({m.k for m in models}), models[0].tokenizer)
     systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)
     if compare == "llamacpp":
-        from .bench_llamacpp import systems_for_bench
+        from .llamacpp import systems_for_bench
 
         systems += systems_for_bench(models, list(k_values) or sorted({m.k for m in models}), llamacpp or {}, prompts,
                                      max_new_tokens)
@@ -246,7 +246,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         "target": next(iter(targets)), "systems": summarise(systems, runs, items), "skipped": skipped,
     }
     if compare == "llamacpp":
-        from .bench_llamacpp import annotate
+        from .llamacpp import annotate
 
         annotate(results, models, llamacpp or {})
     print(summary_table(results))

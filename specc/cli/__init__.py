@@ -102,9 +102,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from . import load
-    from .bench import encode_prompts
-    from .quality import evaluate, format_eval, text_chunks
+    from ..bench.quality import evaluate, format_eval, text_chunks
+    from ..bench.run import encode_prompts
+    from ..runtime.model import load
 
     model = load(args.bundle, verify=not args.no_verify)
     texts = text_chunks(model, args.text, args.chunk_tokens) if args.text else []

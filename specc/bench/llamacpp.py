@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpeccError
-from .runtime.state import RowStats
+from ..errors import SpeccError
+from ..runtime.stats import RowStats
 
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
 LLAMACPP_DEFAULT_DRAFT = 16  # llama.cpp common_params.speculative.n_max (--draft-max)
@@ -157,7 +157,7 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
 
 def model_gguf(source: str) -> Path | None:
     """The GGUF a bundle's model came from (a .gguf path or a pulled catalog model)."""
-    from .models.load import gguf_source
+    from ..models.load import gguf_source
 
     return gguf_source(source)
 

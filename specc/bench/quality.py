@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import SpeccError
+from ..errors import SpeccError
 
 
 def _scores(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, float, int]:
@@ -31,12 +31,12 @@ def _scores(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, float, int]
 
 def bundle_logits(model, ids: list[int]) -> np.ndarray:
     """Logits [T, V] of a bundle's compiled target over `ids`, one prefill pass from an empty cache."""
-    from .runtime.kv_cache import KVCache
+    from ..runtime.kv_cache import KVCache
 
     cache = KVCache(model.target.dims, 1, model.max_context, model.device)
     cache.ensure(len(ids))
     x = torch.tensor([ids], dtype=torch.long, device=model.device)
-    logits = model.target(x, cache, torch.arange(len(ids), device=model.device)[None])[0]
+    logits = model.target.step(x, cache, torch.arange(len(ids), device=model.device)[None])[0]
     return logits[0].float().cpu().numpy()
 
 
@@ -53,7 +53,7 @@ def llamacpp_logits(llm, ids: list[int]) -> np.ndarray:
 
 def evaluate(model, texts: list[list[int]], gguf: str | Path | None = None, threads: int | None = None) -> dict:
     """Agreement with the float32 target and perplexity, per system; texts are token-id lists."""
-    from .models.load import load_model
+    from ..models.load import load_model
 
     if any(len(t) < 2 for t in texts):
         raise SpeccError("every eval text needs at least 2 tokens")
@@ -65,7 +65,7 @@ def evaluate(model, texts: list[list[int]], gguf: str | Path | None = None, thre
     systems = {"float32 target (transformers)": lambda ids: hf_logits(hf, ids),
                f"specc {_label(model)}": lambda ids: bundle_logits(model, ids)}
     if gguf is not None:
-        from .bench_llamacpp import open_llama
+        from .llamacpp import open_llama
 
         llm = open_llama(gguf, threads, n_ctx=max(too_long, 64), logits_all=True)
         systems[f"llama.cpp {Path(gguf).name}"] = lambda ids: llamacpp_logits(llm, ids)
@@ -101,7 +101,7 @@ def _label(model) -> str:
 
 
 def format_eval(results: dict) -> str:
-    from .report import table
+    from .table import table
 
     rows = [[name, r["positions"], r["top1_agreement_with_float32"], r["perplexity"]] for name, r in results.items()]
     return table(["system", "positions", "top-1 agreement with float32", "perplexity"], rows, "lrrr")

@@ -35,7 +35,9 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
     """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches.
 
     OpenMP threads wait passively (OMP_WAIT_POLICY=passive unless set), as specc's ONNX Runtime
-    sessions do (no spinning): on a loaded machine spinning threads made llama.cpp 40x slower here."""
+    sessions do (no spinning): on a loaded machine spinning threads made llama.cpp 40x slower here.
+    libgomp reads the variable once, when it is first loaded: if another library of the process
+    loaded it already, only setting OMP_WAIT_POLICY in the environment before starting specc works."""
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when llama.cpp's libgomp loads, at the import below
     try:
         from llama_cpp import Llama

@@ -11,6 +11,7 @@ import torch
 
 from .version import __version__
 from .backends import LowerOptions, get_backend
+from .backends.matmul_nbits import QuantConfig
 from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
 from .capture.shapes import ModelDims, dim_ranges, example_inputs
@@ -18,7 +19,7 @@ from .capture.graph import StepGraph, capture
 from .errors import ModelError, RecipeError, SpeccError
 from .heads.graph import capture_head
 from .heads.store import load_head
-from .models.load import check_same_tokenizer, load_model, resolve_source
+from .models.load import check_same_tokenizer, gguf_source, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
 from .recipe import Recipe
@@ -44,7 +45,8 @@ def _eos_ids(loaded) -> list[int]:
 
 def _compare(graph: StepGraph, runner, options: LowerOptions) -> dict:
     """Run eager and engine on the same random inputs; return the error figures."""
-    tolerance, quantized = NUMERICS_TOLERANCE[options.precision], options.quantize is not None
+    tolerance = NUMERICS_TOLERANCE[options.precision]
+    quantized = options.quantize is not None or options.weight_quant is not None
     torch.manual_seed(0)
     device = graph.inputs[0].example.device
     inputs = example_inputs(graph.dims, getattr(torch, graph.dims.dtype), batch=2, tokens=3, cache=5, device=device)
@@ -101,7 +103,8 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 check_same_tokenizer(target.tokenizer, draft.tokenizer, recipe.target.model, recipe.draft.model)
 
         with stages.stage("export target"):
-            plan = {"target": PlannedGraph(capture("target", target.model, ranges), base_options, "target")}
+            target_options = dataclasses.replace(base_options, weight_quant=_target_quant(recipe))
+            plan = {"target": PlannedGraph(capture("target", target.model, ranges), target_options, "target")}
         if draft_graph:
             with stages.stage("export draft"):
                 plan["draft"] = _plan_draft(recipe, plan["target"].graph, target, draft, base_options, ranges)
@@ -210,6 +213,21 @@ def _head_info(recipe: Recipe) -> dict | None:
             "heads": config.get("medusa_num_heads")}
 
 
+def _target_quant(recipe: Recipe) -> QuantConfig | None:
+    """MatMulNBits settings for target.quantize, with a GGUF source's own blocks where they map exactly."""
+    spec = recipe.target
+    if not spec.quantize:
+        return None
+    bits = {"int8": 8, "int4": 4, "fp8": 8}[spec.quantize]
+    config = QuantConfig(bits, spec.block_size, spec.accuracy_level, True, tuple(spec.keep_float), spec.quantize)
+    gguf = gguf_source(spec.model) if spec.gguf_blocks and recipe.backend == "onnxruntime" else None
+    if gguf is not None:
+        from .backends.gguf_import import read_gguf_blocks
+
+        config.imported = read_gguf_blocks(gguf, bits)
+    return config
+
+
 def _adapter_info(recipe: Recipe) -> dict | None:
     if not recipe.draft.adapter:
         return None
@@ -235,9 +253,13 @@ def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGra
         **graph.signature(),
         "ranges": graph.ranges.to_dict(),
         "model": graph.dims.to_dict(),
-        "quantize": planned.options.quantize,
+        "quantize": planned.options.quantize or _bits_name(planned.options.weight_quant),
         "passes": list(graph.notes),
     }
+
+
+def _bits_name(config: QuantConfig | None) -> str | None:
+    return None if config is None else config.kind or f"int{config.bits}"
 
 
 def _versions(entries: dict) -> dict:

@@ -42,6 +42,17 @@ def _copy(value: Any) -> Any:
 class TargetSpec:
     model: str = _f(None, "catalog name (`specc models list`), Hugging Face model directory, or .gguf file")
     dtype: str = _f("float32", "weights and activations dtype of the traced graph", choices=("float32", "float16", "bfloat16"))
+    quantize: str | None = _f(None, "weight-only block quantisation of the target's linear layers (onnxruntime: MatMulNBits); "
+                                    "tensorrt: DequantizeLinear → MatMul weight-only form (fp8 too); speculation stays lossless "
+                                    "relative to this quantised target", choices=("int8", "int4", "fp8"))
+    block_size: int = _f(32, "target.quantize: weights per quantisation block (one scale each)", choices=(16, 32, 64, 128, 256))
+    accuracy_level: int = _f(4, "target.quantize: MatMulNBits compute type: 4 int8 activations (fastest here), 1 float32",
+                             choices=(0, 1, 2, 3, 4))
+    keep_float: list = _f([], "target.quantize: linear layers left in float32, by module name or glob "
+                              "(lm_head, layers.0.*, *.down_proj)")
+    gguf_blocks: bool = _f(True, "target.quantize with a GGUF source (file or catalog model): keep the GGUF's own quantised "
+                                 "blocks where they map exactly onto MatMulNBits (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) instead of "
+                                 "rounding the dequantised weights a second time")
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,16 @@ def _check_consistency(r: Recipe) -> None:
                           f"--kind {d.method}` or a published {d.method} head")
     if d.head and d.method not in ("medusa", "eagle"):
         raise RecipeError("draft.head", f"only used with draft.method 'medusa' or 'eagle', not {d.method!r}")
+    if r.target.quantize and r.backend not in ("onnxruntime", "tensorrt"):
+        raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS[r.backend])
+    if r.target.quantize == "fp8" and r.backend != "tensorrt":
+        raise RecipeError("target.quantize", "fp8 weights are for backend tensorrt; onnxruntime takes int8 or int4")
+    if not r.target.quantize:
+        for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True)):
+            if getattr(r.target, name) != default:
+                raise RecipeError(f"target.{name}", "only applies with target.quantize (int8 or int4)")
+    if any(not isinstance(p, str) or not p for p in r.target.keep_float):
+        raise RecipeError("target.keep_float", f"expected module names or globs (strings), got {r.target.keep_float!r}")
     if d.lookup and d.method not in ("model", "quantized", "early_exit"):
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
                           f"early_exit), not {d.method!r}")
@@ -215,6 +236,15 @@ def _check_consistency(r: Recipe) -> None:
             TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
         except ValueError as exc:
             raise RecipeError("speculation.tree.paths", str(exc)) from None
+
+
+_TARGET_QUANT_BACKENDS = {
+    "torch": "backend 'torch' runs the traced dtype and has no weight-only int8/int4 kernels in specc; "
+             "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
+    "aoti": "backend 'aoti' runs the traced dtype and has no weight-only int8/int4 kernels in specc; "
+            "use backend onnxruntime (MatMulNBits) or target.dtype float16/bfloat16",
+    "torch_tensorrt": "backend 'torch_tensorrt' has no weight-only int8/int4 route in specc; use backend onnxruntime",
+}
 
 
 def parse_recipe(data: Any, source: str = "<recipe>") -> Recipe:

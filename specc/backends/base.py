@@ -9,6 +9,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..recipe import TensorRTSpec
+from .matmul_nbits import QuantConfig
 from .profiles import ShapePlan
 
 
@@ -17,6 +18,7 @@ class LowerOptions:
     precision: str = "fp32"
     device: str = "cpu"
     quantize: str | None = None  # "int8": dynamic weight quantisation (onnxruntime)
+    weight_quant: QuantConfig | None = None  # block-wise weight-only MatMulNBits (target.quantize, onnxruntime)
     shapes: ShapePlan | None = None  # shape profiles, for backends that build per shape range (tensorrt, torch_tensorrt)
     tensorrt: TensorRTSpec = TensorRTSpec()
     previous_dir: Path | None = None  # this graph's directory in the bundle being replaced (TensorRT reuses its timing cache)

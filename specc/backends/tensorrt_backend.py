@@ -121,6 +121,7 @@ class TensorRTBackend:
             raise ValueError("the tensorrt backend needs LowerOptions.shapes (the compiler plans them)")
         onnx_path = out_dir / ONNX_FILE
         export_onnx(program, onnx_path, input_names, output_names, OPSET)
+        weight_only = _weight_only(onnx_path, options) if options.weight_quant is not None else None
         coverage = check_onnx(onnx_path, source=f"the {out_dir.name} graph (ONNX opset {OPSET})")
         coverage.raise_if_unsupported()
         previous = options.previous_dir / TIMING_CACHE if options.previous_dir else None
@@ -139,6 +140,7 @@ class TensorRTBackend:
             "workspace_mb": options.tensorrt.workspace_mb, "optimization_level": options.tensorrt.optimization_level,
             "cuda_graphs": options.tensorrt.cuda_graphs, "timing_cache_reused": bool(previous and previous.is_file()),
             "op_coverage": coverage.summary(),
+            **({"weight_only": weight_only} if weight_only else {}),
         }
 
     def load(self, graph_dir: Path, entry: dict, options: LowerOptions):
@@ -162,18 +164,38 @@ class TensorRTBackend:
                          cuda_graphs=bool(entry.get("cuda_graphs")), keepalive=(runtime, logger))
 
 
+def _weight_only(onnx_path: Path, options: LowerOptions) -> dict:
+    """target.quantize on TensorRT: rewrite the exported ONNX in place into DequantizeLinear → MatMul form."""
+    import onnx
+
+    from .matmul_nbits import fold_weight_transposes
+    from .trt_weight_only import weight_only_dq
+
+    config = options.weight_quant
+    model = onnx.load(str(onnx_path))
+    fold_weight_transposes(model)
+    summary = weight_only_dq(model, config.kind, config.block_size, config.keep_float)
+    for path in onnx_path.parent.iterdir():
+        path.unlink()
+    onnx.save(model, str(onnx_path), save_as_external_data=True, location=onnx_path.name + ".data")
+    return summary
+
+
 def build_engine(trt, onnx_path: Path, options: LowerOptions, timing_cache: bytes) -> tuple[bytes, bytes]:
     """Parse the ONNX file and build a serialized engine; returns (plan, timing cache)."""
     logger = make_logger(trt)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
+    # explicit batch is the only mode in TensorRT 10; weight-only DequantizeLinear graphs build strongly typed
+    # (TensorRT keeps the graph's INT4/INT8/FP8 weights and float compute types instead of choosing its own)
+    strongly_typed = options.weight_quant is not None
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         raise TensorRTBuildError(parser_errors(parser, onnx_path))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.tensorrt.workspace_mb << 20)
     config.builder_optimization_level = options.tensorrt.optimization_level
-    for flag in PRECISION_FLAGS[options.precision]:
+    for flag in () if strongly_typed else PRECISION_FLAGS[options.precision]:
         config.set_flag(getattr(trt.BuilderFlag, flag))
     if options.precision == "fp32":
         config.clear_flag(trt.BuilderFlag.TF32)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from .onnx_export import PASS_KEY
+from .trt_weight_only import OPSET_BLOCKED_DQ
 
 TABLE = Path(__file__).parent / "data" / "tensorrt_onnx_ops.json"
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -103,7 +104,12 @@ def check_onnx(model, source: str | None = None) -> CoverageReport:
     table = load_table()
     opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
     report = CoverageReport(source, table["tensorrt_version"], opset, {})
-    if not table["opset_min"] <= opset <= table["opset_max"]:
+    blocked_dq = opset == OPSET_BLOCKED_DQ and any(
+        n.op_type == "DequantizeLinear" and any(a.name == "block_size" for a in n.attribute) for n in model.graph.node)
+    if blocked_dq and opset > table["opset_max"]:
+        report.warnings.append(f"opset {opset} is declared for DequantizeLinear's block_size (int4 weight-only blocks); "
+                               f"the table lists opsets up to {table['opset_max']}: the parser must read block_size")
+    elif not table["opset_min"] <= opset <= table["opset_max"]:
         report.problems.append(f"opset {opset} is outside the opsets TensorRT {table['tensorrt_version']} parses "
                                f"({table['opset_min']}..{table['opset_max']}); export at an opset in that range")
     try:
@@ -138,14 +144,18 @@ def _check_graph(graph, table: dict, opset: int, report: CoverageReport, outer: 
         report.op_counts[node.op_type] = report.op_counts.get(node.op_type, 0) + 1
         name = node.name or f"{node.op_type} -> {', '.join(node.output)}"
         problem = None
-        if node.domain not in DEFAULT_DOMAINS:
+        if node.op_type == "MatMulNBits":
+            problem = ("MatMulNBits is ONNX Runtime's weight-only kernel, not an ONNX operator; for TensorRT express the "
+                       "weights as DequantizeLinear → MatMul (backends/trt_weight_only.py)")
+        elif node.domain not in DEFAULT_DOMAINS:
             problem = f"operator domain {node.domain!r} is not ONNX's; TensorRT's parser reads ai.onnx operators only"
         elif node.op_type not in operators:
             listed = "listed as unsupported" if node.op_type in table["unsupported"] else "not in the table"
             problem = f"operator {node.op_type} is {listed} for TensorRT {table['tensorrt_version']}"
         else:
             spec = operators[node.op_type]
-            problem = _type_problem(node, spec, types, report) or _constant_problem(node, spec, constants, opset)
+            problem = (_type_problem(node, spec, types, report) or _constant_problem(node, spec, constants, opset)
+                       or _weight_only_problem(node, types, constants, graph))
         if problem:
             report.findings.append(Finding(name, node.op_type, problem, origin(node)))
         for attr in node.attribute:
@@ -188,6 +198,25 @@ def _constant_problem(node, spec: dict, constants: set, opset: int) -> str | Non
             value = node.input[index] if index < len(node.input) else ""
             if value and value not in constants:
                 return f"input `{wanted_name}` ({value!r}) must be a constant (initializer) for TensorRT: {spec['restrictions']}"
+    return None
+
+
+def _weight_only_problem(node, types: dict, constants: set, graph) -> str | None:
+    """Weight-only DequantizeLinear as TensorRT builds it: constant weights, no non-zero zero point, INT4 blocked."""
+    import onnx
+
+    if node.op_type != "DequantizeLinear":
+        return None
+    if node.input[0] not in constants:
+        return f"input `x` ({node.input[0]!r}) must be a constant weight for a weight-only DequantizeLinear"
+    if len(node.input) > 2 and node.input[2]:
+        zp = next((i for i in graph.initializer if i.name == node.input[2]), None)
+        if zp is None or onnx.numpy_helper.to_array(zp).any():
+            return f"zero point {node.input[2]!r} must be a constant zero (TensorRT has no zero points)"
+    elem = types.get(node.input[0])
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if elem == onnx.TensorProto.INT4 and not attrs.get("block_size"):
+        return "INT4 weights need block quantisation (a block_size attribute): TensorRT has no per-tensor INT4"
     return None
 
 

@@ -58,6 +58,7 @@ def markdown(results: dict) -> str:
         "",
         summary_table(results),
         "",
+        *[f"    {line}" for line in results.get("goal", []) + results.get("bandwidth_lines", [])],
         "acceptance: accepted / drafted tokens; alpha/token: accepted / (accepted + rounds ended by a rejection); "
         "tokens/pass: tokens per target pass, the mean accepted length (accepted drafts per round + 1); "
         "equal: outputs token-for-token equal to the reference's. docs/benchmarks.md has the method.",

@@ -162,10 +162,10 @@ def median_run(runs: list[dict]) -> dict:
 
 def summarise(systems: list, runs: dict[str, list[dict]], items: list[dict]) -> dict[str, dict]:
     """Per system: the median repeat's figures, equality with systems[0] per prompt, speed-ups."""
-    reference = median_run(runs[systems[0].name])
-    base = reference["summary"]["tokens_per_second"]
+    base = median_run(runs[systems[0].name])["summary"]["tokens_per_second"]
     out = {}
     for s in systems:
+        reference = median_run(runs[getattr(s, "reference", None) or systems[0].name])  # llama.cpp: its own target-only
         med = median_run(runs[s.name])
         summary = dict(med["summary"])
         counts = {"equal": 0, "prefix": 0, "differs": 0}
@@ -184,6 +184,7 @@ def summarise(systems: list, runs: dict[str, list[dict]], items: list[dict]) -> 
             "settings": s.settings,
             "speedup_vs_reference": summary["tokens_per_second"] / base if base and summary["tokens_per_second"] else None,
             "equality": {**counts, "of": len(items)},
+            "equality_reference": getattr(s, "reference", None) or systems[0].name,
             "outputs_equal": f"{counts['equal']}/{len(items)}",
             "tokens_per_second_all_repeats": [r["summary"]["tokens_per_second"] for r in runs[s.name]],
             "tokens_per_second_by_kind": _by_kind(per_prompt),
@@ -212,21 +213,23 @@ def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
 
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
-              compare: str | None = None, progress: bool = True) -> dict:
+              compare: str | None = None, progress: bool = True, llamacpp: dict | None = None) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
     optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
 
     All bundles must share one target model. compare="hf" adds the Hugging Face systems of
     bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
-    `hf target-only` the reference. progress: a bar on stderr, one step per system run.
+    `hf target-only` the reference. compare="llamacpp" adds llama.cpp target-only and speculative
+    (bench/llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
+    with a bandwidth line per target. progress: a bar on stderr, one step per system run.
     """
     from .report import summary_table, write_outputs
 
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
-    if compare not in (None, "hf"):
-        raise SpeccError(f"--compare {compare!r}: the only comparison is 'hf' (Hugging Face transformers)")
-    if compare == "hf" and batch_size != 1:
+    if compare not in (None, "hf", "llamacpp"):
+        raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")
+    if compare and batch_size != 1:
         raise SpeccError("--compare hf measures batch 1 (transformers' assisted generation takes one prompt at a time); "
                          "drop --batch-size")
     targets = {m.bundle.manifest.models["target"] for m in models}
@@ -239,6 +242,11 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
 
         systems, skipped = hf_systems(models, list(k_values) or sorted({m.k for m in models}), models[0].tokenizer)
     systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)
+    if compare == "llamacpp":
+        from .llamacpp import systems_for_bench
+
+        systems += systems_for_bench(models, list(k_values) or sorted({m.k for m in models}), llamacpp or {}, prompts,
+                                     max_new_tokens)
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)
     runs: dict[str, list] = {s.name: [] for s in systems}
@@ -255,7 +263,13 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         "repeats": repeats, "batch_size": batch_size, "bundles": [str(m.bundle.path) for m in models],
         "target": next(iter(targets)), "systems": summarise(systems, runs, items), "skipped": skipped,
     }
+    if compare == "llamacpp":
+        from .llamacpp import annotate
+
+        annotate(results, models, llamacpp or {})
     print(summary_table(results))
+    for line in results.get("goal", []) + results.get("bandwidth_lines", []):
+        print(line)
     for name, r in results["systems"].items():
         if r["speculative"] and r["acceptance_by_position"]:
             print(f"{name}: acceptance by position " + " ".join(f"{a:.2f}" for a in r["acceptance_by_position"] if a is not None))

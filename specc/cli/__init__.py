@@ -105,7 +105,27 @@ def cmd_bench(args) -> int:
     except ValueError as exc:
         raise SpeccError(f"--tree: {exc}") from None
     run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
-              repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare)
+              repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare,
+              llamacpp={"target_gguf": args.llamacpp_target, "draft_gguf": args.llamacpp_draft, "threads": args.threads})
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from ..bench.quality import evaluate, format_eval, text_chunks
+    from ..bench.run import encode_prompts
+    from ..runtime.model import load
+
+    model = load(args.bundle, verify=not args.no_verify)
+    texts = text_chunks(model, args.text, args.chunk_tokens) if args.text else []
+    if args.prompt or args.prompts:
+        texts += [ids for ids in encode_prompts(model, _read_prompts(args)) if len(ids) >= 2]
+    if not texts:
+        raise SpeccError("give --text FILE (plain text, cut into --chunk-tokens pieces) or --prompt/--prompts")
+    results = evaluate(model, texts, gguf=args.gguf, threads=args.threads)
+    print(format_eval(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"written: {args.json}")
     return 0
 
 
@@ -353,11 +373,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES to measure on tree bundles (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
-    p.add_argument("--compare", choices=["hf"], help="also run Hugging Face transformers on the same weights: generate "
-                   "(the reference), assisted generation with the bundle's draft model (default schedule and each k), "
-                   "prompt lookup (each k); batch 1")
+    p.add_argument("--compare", choices=["hf", "llamacpp"], help="hf: also run Hugging Face transformers on the same weights: "
+                   "generate (the reference), assisted generation with the bundle's draft model (default schedule and each k), "
+                   "prompt lookup (each k); llamacpp: llama.cpp (llama-cpp-python) on the target's GGUF, target-only and "
+                   "speculative with the draft's GGUF (its default draft length and each k); batch 1")
+    p.add_argument("--llamacpp-target", type=Path, help="--compare llamacpp: target GGUF (default: the GGUF the bundle's "
+                   "target came from)")
+    p.add_argument("--llamacpp-draft", type=Path, help="--compare llamacpp: draft GGUF (default: the GGUF of a bundle's draft "
+                   "model; none: prompt lookup)")
+    p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may use, "
+                   "as ONNX Runtime)")
     p.add_argument("--json", type=Path, help="write the results here, with a Markdown report (.md) and a plot (.png) beside it")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("eval", help="quality of a (quantised) target: top-1 agreement with float32 and perplexity",
+                       description="Teacher-forced passes over a fixed text set through the float32 target (transformers), "
+                                   "the bundle's compiled target and optionally llama.cpp on a GGUF; reports how often each "
+                                   "system's most likely next token equals the float32 target's, and each one's perplexity.")
+    p.add_argument("bundle", type=Path)
+    _add_prompts(p)
+    p.add_argument("--text", type=Path, help="plain text file, cut into pieces of --chunk-tokens tokens")
+    p.add_argument("--chunk-tokens", type=int, default=256)
+    p.add_argument("--gguf", type=Path, help="also evaluate llama.cpp on this GGUF (the llamacpp extra)")
+    p.add_argument("--threads", type=int, help="llama.cpp threads (default: the CPUs this process may use)")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("tune", help="measure draft, verify and decode costs and acceptance; pick speculation.k",
                        description="Predicts the speed-up of each chain length k from measured costs and acceptance, "

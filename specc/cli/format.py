@@ -68,7 +68,7 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g.ranges.items()))
         for note in g.passes:
             lines.append(f"  pass      {note}")
-        for key in ("profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
+        for key in ("weight_quant", "profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
             if key in g.facts:
                 try:
                     lines += _fact_lines(key, g.facts)
@@ -88,6 +88,14 @@ def _fact_lines(key: str, g: dict) -> list[str]:
         c = g["op_coverage"]
         return [f"  coverage  {c['nodes']} ONNX nodes (opset {c['opset']}) checked against TensorRT {c['tensorrt_table']}'s "
                 f"operator table: {len(c['unsupported'])} unsupported"]
+    if key == "weight_quant":
+        q = g["weight_quant"]
+        return [f"  weights   int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}, "
+                f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
+                f"({q.get('attention_float64', 0)} nodes), rows independent of pass size: "
+                f"{q.get('rows_independent_of_pass_size', '-')}"
+                + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
+                "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]
     if key == "fused_ops":
         return ["  fused ops " + ", ".join(f"{op} x{n}" for op, n in g["fused_ops"].items())
                 + " (the capture line below says how many sites each could cover)"]

@@ -43,6 +43,15 @@ def resolve_source(source: str) -> Path:
     )
 
 
+def gguf_source(source: str) -> Path | None:
+    """The GGUF file a model source was converted from (a .gguf path, or a pulled catalog model), if any."""
+    if source in catalog.CATALOG:
+        path = catalog.CATALOG[source].gguf_path
+        return path if path.is_file() else None
+    path = Path(source).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def load_model(source: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode on `device`, from anything `resolve_source` accepts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,0 +1,35 @@
+"""How close decoding is to the memory-bandwidth limit: weights read per target pass × passes/s,
+against what a plain copy achieves on this machine."""
+from __future__ import annotations
+
+import os
+import time
+
+
+def copy_bandwidth(threads: int | None = None, megabytes: int = 256, repeats: int = 5) -> float:
+    """GB/s of a large tensor copy (bytes read + bytes written), best of `repeats`, with `threads` threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    try:
+        src = torch.ones(megabytes * (1 << 20) // 4)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def specc_weight_bytes(bundle) -> int:
+    """Bytes of weights a target pass reads: the MatMulNBits summary when quantised, else the graph's files
+    (float32 weights dominate them; the embedding table, of which a pass reads a few rows, is included)."""
+    entry = bundle.graph("target")
+    if entry.get("weight_quant"):
+        return int(entry["weight_quant"]["weight_bytes"])
+    files = bundle.manifest["files"]
+    return sum(files[f"{entry['dir']}/{f}"]["bytes"] for f in entry["files"] if f"{entry['dir']}/{f}" in files)

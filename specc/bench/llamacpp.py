@@ -1,0 +1,239 @@
+"""llama.cpp baselines for `specc bench --compare llamacpp` (the `llamacpp` extra: llama-cpp-python,
+which builds the llama.cpp it vendors).
+
+What a CPU user would run instead of specc, on the same prompt token ids, greedy, batch 1, the
+same max_new_tokens, the bundle's EOS ids and the same thread count:
+
+- `llama.cpp target-only`: `Llama.generate` on the target GGUF; the reference every llama.cpp
+  output is compared with (llama.cpp's own speculation is judged against llama.cpp, specc's
+  against specc's target-only);
+- `llama.cpp speculative [DRAFT] k=K`: the same target with a draft GGUF of the same family,
+  through llama-cpp-python's `draft_model` hook: each round the draft model greedily drafts K
+  tokens, the target evaluates them in one batch and keeps the longest matching prefix plus its
+  own next token. `default` is llama.cpp's own default draft length (16, `--draft-max`);
+- without a draft GGUF: `llama.cpp prompt lookup k=K` (`LlamaPromptLookupDecoding`).
+
+Timing is wall time of the whole `generate` loop per prompt (prefill included, as for specc).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpeccError
+from ..runtime.stats import RowStats
+
+LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
+LLAMACPP_DEFAULT_DRAFT = 16  # llama.cpp common_params.speculative.n_max (--draft-max)
+
+
+def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_all: bool = False):
+    """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches.
+
+    OpenMP threads wait passively (OMP_WAIT_POLICY=passive unless set), as specc's ONNX Runtime
+    sessions do (no spinning): on a loaded machine spinning threads made llama.cpp 40x slower here.
+    libgomp reads the variable once, when it is first loaded: if another library of the process
+    loaded it already, only setting OMP_WAIT_POLICY in the environment before starting specc works."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when llama.cpp's libgomp loads, at the import below
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise SpeccError("llama.cpp comparisons need llama-cpp-python: pip install 'specc[llamacpp]' "
+                         "(builds llama.cpp from source: cmake and a C++ compiler, several minutes)") from None
+    if not Path(gguf).is_file():
+        raise SpeccError(f"GGUF file {gguf} does not exist")
+    threads = threads or len(os.sched_getaffinity(0))
+    if os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") != "1":
+        _without_extra_buffers()
+    return Llama(str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=logits_all,
+                 n_gpu_layers=0, verbose=False, seed=0)
+
+
+def _without_extra_buffers() -> None:
+    """Load models without llama.cpp's extra CPU buffer types (AMX tiles, weight repacking).
+
+    On this machine llama.cpp detects AMX_INT8 and its AMX matmul segfaults (in
+    ggml_backend_amx_mul_mat, on the first decode); the VM does not grant AMX tile state. Without
+    extra buffers llama.cpp uses its plain AVX-512 kernels. SPECC_LLAMACPP_EXTRA_BUFFERS=1 keeps
+    them (for machines where AMX works, or a build with GGML_AMX_INT8=OFF that keeps repacking)."""
+    import llama_cpp.llama_cpp as lib
+
+    if getattr(lib.llama_model_default_params, "_specc", False):
+        return
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params._specc = True
+    lib.llama_model_default_params = params
+
+
+class GreedyDraftModel:
+    """llama-cpp-python draft_model: a second GGUF drafting `k` tokens greedily after the context it is given."""
+
+    def __init__(self, llm, k: int):
+        self.llm, self.k = llm, k
+        self.rounds: list[int] = []  # tokens drafted per call
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
+        out = []
+        for token in self.llm.generate(input_ids.tolist(), top_k=1, temp=0.0, reset=True):
+            out.append(token)
+            if len(out) == self.k:
+                break
+        self.rounds.append(len(out))
+        return np.array(out, dtype=np.intc)
+
+
+@dataclass
+class LlamaSystem:
+    name: str
+    llm: object  # llama_cpp.Llama
+    eos_ids: list[int]
+    draft: object = None  # a llama-cpp-python draft model, or None
+    settings: dict = field(default_factory=dict)
+    family: str = "llamacpp"
+    reference: str = LLAMACPP_TARGET_ONLY  # equality is reported against llama.cpp's own target-only
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
+        tokens, per_prompt, seconds = [], [], 0.0
+        for i, ids in enumerate(prompts):
+            out, reason, took = self.generate(ids, max_new_tokens)
+            tokens.append(out)
+            seconds += took
+            per_prompt.append({"prompt": i, "new_tokens": len(out), "finish_reason": reason, "seconds": took,
+                               "tokens_per_second": len(out) / took if took else None})
+        n = sum(len(t) for t in tokens)
+        summary = {"requests": len(prompts), "new_tokens": n, "seconds": seconds,
+                   "tokens_per_second": n / seconds if seconds else None, "prefill_seconds": None,
+                   "draft_seconds": None, "target_seconds": None, "host_seconds": None, **RowStats().to_dict()}
+        return {"summary": summary, "tokens": tokens, "per_prompt": per_prompt}
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], str, float]:
+        self.llm.draft_model = self.draft
+        self.llm.reset()
+        out, reason = [], "length"
+        start = time.perf_counter()
+        for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            if token in self.eos_ids:
+                reason = "stop"
+                break
+            out.append(int(token))
+            if len(out) >= max_new_tokens:
+                break
+        return out, reason, time.perf_counter() - start
+
+
+def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_values: list[int], eos_ids: list[int],
+                     threads: int | None, n_ctx: int) -> list[LlamaSystem]:
+    """llama.cpp target-only, then speculative with the draft GGUF (llama.cpp's default draft length and each k),
+    or prompt lookup at each k when there is no draft GGUF."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    llm = open_llama(target_gguf, threads, n_ctx, logits_all=True)  # speculative verify samples every drafted position
+    common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python"}
+    systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, llm, eos_ids, settings=common)]
+    if draft_gguf is not None:
+        draft_llm = open_llama(draft_gguf, threads, n_ctx)
+        label = Path(draft_gguf).name
+        for k, tag in [(LLAMACPP_DEFAULT_DRAFT, "default")] + [(k, f"k={k}") for k in k_values]:
+            systems.append(LlamaSystem(f"llama.cpp speculative [{label}] {tag}", llm, eos_ids, GreedyDraftModel(draft_llm, k),
+                                       {**common, "draft_gguf": str(draft_gguf), "k": k}))
+    else:
+        for k in k_values:
+            systems.append(LlamaSystem(f"llama.cpp prompt lookup k={k}", llm, eos_ids,
+                                       LlamaPromptLookupDecoding(num_pred_tokens=k), {**common, "k": k}))
+    return systems
+
+
+def model_gguf(source: str) -> Path | None:
+    """The GGUF a bundle's model came from (a .gguf path or a pulled catalog model)."""
+    from ..models.load import gguf_source
+
+    return gguf_source(source)
+
+
+def goal_lines(results: dict) -> list[str]:
+    """Same-run ratios the issue's goal names: specc speculative vs llama.cpp target-only and speculative,
+    and vs specc's own (quantised) target-only."""
+    systems = results["systems"]
+
+    def best(pred) -> tuple[str, float] | None:
+        named = [(n, r["tokens_per_second"]) for n, r in systems.items() if pred(r) and r["tokens_per_second"]]
+        return max(named, key=lambda x: x[1]) if named else None
+
+    spec = best(lambda r: r["family"] == "specc" and r["speculative"])
+    base = {"specc target-only": best(lambda r: r["family"] == "specc" and not r["speculative"]),
+            "llama.cpp target-only": best(lambda r: r["family"] == "llamacpp" and not r["speculative"]),
+            "best llama.cpp speculative": best(lambda r: r["family"] == "llamacpp" and r["speculative"])}
+    if spec is None:
+        return []
+    lines = [f"best specc speculative: {spec[0]} {spec[1]:.2f} tok/s"]
+    for label, b in base.items():
+        if b is not None:
+            lines.append(f"  {spec[1] / b[1]:.2f}x {label} ({b[0]}, {b[1]:.2f} tok/s)")
+    return lines
+
+
+def systems_for_bench(models: list, k_values: list[int], opts: dict, prompts: list[list[int]],
+                      max_new_tokens: int) -> list[LlamaSystem]:
+    """The llama.cpp systems for `run_bench`: GGUFs from opts or from the bundles' recorded model sources."""
+    manifest = models[0].bundle.manifest
+    target = opts.get("target_gguf") or model_gguf(manifest["models"]["target"])
+    if target is None:
+        raise SpeccError(f"--compare llamacpp needs the target as GGUF: {manifest['models']['target']!r} is not a .gguf file "
+                         "or a pulled catalog model; pass --llamacpp-target FILE.gguf")
+    draft = opts.get("draft_gguf")
+    if draft is None:
+        drafts = [m.bundle.manifest["models"].get("draft") for m in models if m.bundle.manifest["models"].get("draft")]
+        draft = next((g for g in map(model_gguf, drafts) if g is not None), None)
+    n_ctx = max(len(p) for p in prompts) + max_new_tokens + LLAMACPP_DEFAULT_DRAFT + 64
+    opts["resolved"] = {"target_gguf": str(target), "draft_gguf": str(draft) if draft else None}
+    return llamacpp_systems(target, draft, k_values, sorted(models[0].eos_ids), opts.get("threads"), n_ctx)
+
+
+def gguf_weight_bytes(gguf: str | Path) -> int:
+    """Bytes of the GGUF's 2-D tensors except the token embedding (a decode step reads only its rows), plus
+    the embedding when no separate output matrix exists (a tied LM head reads all of it)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(gguf)).tensors}
+    total = sum(int(t.n_bytes) for n, t in tensors.items() if len(t.shape) == 2 and n != "token_embd.weight")
+    if "output.weight" not in tensors and "token_embd.weight" in tensors:
+        total += int(tensors["token_embd.weight"].n_bytes)
+    return total
+
+
+def annotate(results: dict, models: list, opts: dict) -> None:
+    """Add the goal ratios and the bandwidth lines (weights read per target pass x passes/s vs a copy benchmark)."""
+    from .bandwidth import copy_bandwidth, specc_weight_bytes
+
+    results["llamacpp"] = opts.get("resolved", {})
+    results["goal"] = goal_lines(results)
+    gbps = copy_bandwidth(opts.get("threads"))
+    weights = {"specc": specc_weight_bytes(models[0].bundle)}
+    if results["llamacpp"].get("target_gguf"):
+        weights["llamacpp"] = gguf_weight_bytes(results["llamacpp"]["target_gguf"])
+    lines = [f"memory bandwidth (copy benchmark, read + write): {gbps:.1f} GB/s"]
+    for name, r in results["systems"].items():
+        per_pass = weights.get(r["family"])
+        tokens_per_pass = r.get("tokens_per_target_pass") or (1.0 if not r["speculative"] else None)
+        if per_pass is None or not r["tokens_per_second"] or tokens_per_pass is None:
+            continue
+        passes = r["tokens_per_second"] / tokens_per_pass
+        r["weight_bytes_per_pass"], r["weight_gb_per_second"] = per_pass, per_pass * passes / 1e9
+        lines.append(f"  {name}: {per_pass / 1e6:.0f} MB/pass x {passes:.2f} passes/s = {r['weight_gb_per_second']:.2f} GB/s "
+                     f"({100 * r['weight_gb_per_second'] / gbps:.0f}% of the copy bandwidth)")
+    results["bandwidth"] = {"copy_gb_per_second": gbps, "weight_bytes_per_pass": weights}
+    results["bandwidth_lines"] = lines

@@ -1,0 +1,236 @@
+"""target.quantize: block-wise int4/int8 MatMulNBits targets; speculation stays lossless relative to them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specc
+from specc.compiler import compile_recipe
+from lossless_checks import token_prompts
+from specc.backends.matmul_nbits import QuantConfig, quantize_linear_layers, quantize_rtn
+from specc.errors import RecipeError
+from specc.recipe import parse_recipe
+from specc.speculation import sampling
+from specc.testing import derive_draft, make_tiny_model
+from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
+from test_lossless_sampling import PARAMS, VOCAB, _accept_everything, draw, exact_marginals
+
+
+def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj", opset: int = 23):
+    """An ONNX graph y = x @ wᵀ whose MatMul carries the exporter's module scope, as specc's graphs do."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k = w.shape
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", n])],
+                              [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_graph(model, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("bits,block,symmetric,k", [(4, 32, True, 64), (4, 32, False, 64), (4, 128, True, 96),
+                                                    (8, 16, True, 64), (8, 32, False, 80), (4, 16, True, 48)])
+def test_matmul_nbits_multiplies_by_the_dequantised_weight(bits, block, symmetric, k):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(40, k)).astype(np.float32)
+    bw = quantize_rtn(w, bits, block, symmetric)
+    step = np.abs(w).max() / (2 ** (bits - 1) - 1)
+    assert np.abs(bw.dequantize() - w).max() <= step  # round to nearest: within one level of the block's scale
+    model = one_linear_graph(w)
+    summary = quantize_linear_layers(model, QuantConfig(bits, block, accuracy_level=1, symmetric=symmetric))
+    assert summary["layers"] == {f"rtn int{bits} block {block}": 1}
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"] and not model.graph.initializer[0].name == "W"
+    x = rng.normal(size=(2, 3, k)).astype(np.float32)
+    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+def test_offsets_and_kept_layers():
+    """Per-block float offsets (GGUF minimums) go through the blocksum MatMul; keep_float leaves a layer alone."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(24, 64)).astype(np.float32)
+    bw = quantize_rtn(w, 4, 32, symmetric=False)
+    bw.zero_points[:] = 0
+    bw.offsets = rng.normal(size=bw.scales.shape).astype(np.float32)
+    bw.source = "gguf:test"
+    model = one_linear_graph(bw.dequantize())
+    summary = quantize_linear_layers(model, QuantConfig(4, 32, accuracy_level=1, imported={"layers.0.mlp.up_proj": [bw]}))
+    assert summary["layers"] == {"gguf:test int4 block 32 +offsets": 1}
+    x = rng.normal(size=(1, 5, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
+    kept = one_linear_graph(w, "lm_head")
+    assert quantize_linear_layers(kept, QuantConfig(4, keep_float=("lm_head",)))["layers"] == {"float32": 1}
+
+
+def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(16, 32)).astype(np.float32)
+    other = quantize_rtn(w + 1, 4, 32)
+    other.source = "gguf:Q4_0"
+    summary = quantize_linear_layers(one_linear_graph(w), QuantConfig(4, 32, imported={"layers.0.mlp.up_proj": [other]}))
+    assert summary["layers"] == {"rtn (gguf values differ) int4 block 32": 1}
+
+
+def test_recipe_fields_and_errors():
+    ok = parse_recipe({"target": {"model": "m", "quantize": "int4", "block_size": 64, "keep_float": ["lm_head"]},
+                       "draft": {"method": "none"}})
+    assert ok.target.block_size == 64
+    with pytest.raises(RecipeError, match="target.quantize.*torch"):
+        parse_recipe({"target": {"model": "m", "quantize": "int4"}, "draft": {"method": "none"}, "backend": "torch"})
+    with pytest.raises(RecipeError, match="target.block_size.*only applies"):
+        parse_recipe({"target": {"model": "m", "block_size": 64}, "draft": {"method": "none"}})
+    with pytest.raises(RecipeError, match="target.block_size.*not allowed"):
+        parse_recipe({"target": {"model": "m", "quantize": "int4", "block_size": 48}, "draft": {"method": "none"}})
+    with pytest.raises(RecipeError, match="target.quantize.*fp8 weights are for backend tensorrt"):
+        parse_recipe({"target": {"model": "m", "quantize": "fp8"}, "draft": {"method": "none"}})
+    trt = parse_recipe({"target": {"model": "m", "quantize": "fp8"}, "draft": {"method": "none"}, "backend": "tensorrt",
+                        "device": "cuda"})
+    assert trt.target.quantize == "fp8"
+    with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4, fp8"):
+        parse_recipe({"target": {"model": "m", "quantize": "int3"}, "draft": {"method": "none"}})
+
+
+def build_quantized(out, target, draft: dict, quant: dict, **extra):
+    recipe = parse_recipe({"target": {"model": str(target), **quant}, "draft": draft,
+                           "speculation": extra.pop("speculation", {"k": 3}),
+                           "limits": extra.pop("limits", {"max_batch": 4, "max_context": 256}), **extra})
+    return compile_recipe(recipe, output=out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def quantized_bundles(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qtarget")
+    t = models_dir / "target"
+    draft = {"method": "model", "model": str(models_dir / "draft")}
+    wrong = {"method": "model", "model": str(models_dir / "wrong")}
+    return {
+        "int4": build_quantized(root / "int4", t, draft, {"quantize": "int4"}),
+        "int8": build_quantized(root / "int8", t, draft, {"quantize": "int8", "block_size": 16}),
+        "int4_wrong": build_quantized(root / "int4_wrong", t, wrong, {"quantize": "int4", "keep_float": ["lm_head"]}),
+        "int4_lookup": build_quantized(root / "int4_lookup", t, {**draft, "lookup": True, "min_ngram": 2},
+                                       {"quantize": "int4", "keep_float": ["layers.0.*"]}),
+    }
+
+
+def test_row_invariance_is_checked_and_recorded(quantized_bundles):
+    """Block 32 at accuracy level 4 computes each row the same in passes of any size (measured with ONNX Runtime
+    1.32 on AVX-512 VNNI); compile records the check for every layer shape."""
+    from specc.backends.matmul_nbits import rows_independent_of_pass_size
+
+    assert rows_independent_of_pass_size(64, 48, 4, 32, 4)
+    q = specc.load(quantized_bundles["int4"]).bundle.graph("target")["weight_quant"]
+    assert q["rows_independent_of_pass_size"] is True
+
+
+def test_bundle_records_the_quantisation(quantized_bundles):
+    from specc.cli.format import format_manifest
+
+    model = specc.load(quantized_bundles["int4_wrong"])
+    q = model.bundle.graph("target")["weight_quant"]
+    assert q["bits"] == 4 and q["block_size"] == 32 and q["layers"] == {"rtn int4 block 32": 21, "float32": 1}
+    assert model.bundle.graph("target")["entry"] == "model.nbits.onnx"
+    text = format_manifest(model.bundle.manifest, model.bundle.path, True)
+    assert "int4 MatMulNBits, block 32, accuracy level 4" in text and "float32 kept: lm_head" in text
+
+
+@pytest.mark.parametrize("name,batch,k", [("int4", 1, 3), ("int4", 3, 5), ("int8", 2, 4), ("int4_wrong", 1, 3),
+                                          ("int4_lookup", 3, 4)])
+def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, prompts, name, batch, k):
+    """Greedy speculative output equals the same bundle's (quantised) target-only output on 60 prompts."""
+    from specc.runtime.stats import RunStats
+
+    assert len(prompts) >= 50
+    model = specc.load(quantized_bundles[name])
+    reference = [c.token_ids for p in prompts for c in model.generate([p], max_new_tokens=16, speculative=False)]
+    bad, stats = [], RunStats()
+    for lo in range(0, len(prompts), batch):
+        fast = model.generate(prompts[lo:lo + batch], max_new_tokens=16, k=k)
+        stats.merge(model.last_stats)
+        bad += [lo + i for i, c in enumerate(fast) if c.token_ids != reference[lo + i]]
+    assert bad == []
+    rate = stats.to_dict()["acceptance_rate"]
+    assert rate < 0.1 if name == "int4_wrong" else 0 < rate < 1
+
+
+@pytest.fixture(scope="module")
+def small_vocab_int4(tmp_path_factory):
+    """A 24-token target compiled to int4 (accuracy level 1: float32 compute), the HF model holding exactly its
+    dequantised weights (whose marginals are the quantised target's), and a perturbed 1-layer draft."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("smallvocab_int4")
+    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
+    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
+    hf = AutoModelForCausalLM.from_pretrained(target).eval()
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                dq = quantize_rtn(module.weight.numpy(), 4, 16).dequantize()
+                module.weight.copy_(torch.from_numpy(dq))
+    hf.save_pretrained(root / "dequantised")
+    bundle = build_quantized(root / "bundle", target, {"method": "model", "model": str(draft)},
+                             {"quantize": "int4", "block_size": 16, "accuracy_level": 1},
+                             limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
+    return root / "dequantised", bundle
+
+
+def test_quantised_target_is_the_dequantised_model(small_vocab_int4):
+    """At accuracy level 1 the compiled int4 target computes the float32 model holding its dequantised weights."""
+    from transformers import AutoModelForCausalLM
+
+    from specc.quality import bundle_logits, hf_logits
+
+    dequantised, bundle = small_vocab_int4
+    hf = AutoModelForCausalLM.from_pretrained(dequantised).eval()
+    model = specc.load(bundle)
+    for ids in token_prompts(4):
+        ref = hf_logits(hf, ids)
+        assert np.abs(bundle_logits(model, ids) - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+
+
+def test_sampled_output_has_the_quantised_targets_distribution(small_vocab_int4):
+    dequantised, bundle = small_vocab_int4
+    params = PARAMS[1]
+    exact = exact_marginals(dequantised, params)
+    samples, stats = draw(bundle, params)
+    assert 0.05 < stats["acceptance_rate"] < 0.95
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
+def test_broken_rule_on_the_quantised_target_is_caught(small_vocab_int4, monkeypatch):
+    monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
+    dequantised, bundle = small_vocab_int4
+    exact = exact_marginals(dequantised, PARAMS[0])
+    samples, _ = draw(bundle, PARAMS[0])
+    assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P
+    assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_tensorrt_weight_only_form(kind):
+    """The TensorRT route's DequantizeLinear → MatMul graph computes x @ dequantised W (ONNX Runtime as the
+    reference), and passes the TensorRT operator-table check; MatMulNBits does not, with a pointer to it."""
+    from specc.backends.trt_coverage import check_onnx
+    from specc.backends.trt_weight_only import weight_only_dq
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(48, 256)).astype(np.float32)
+    model = one_linear_graph(w, opset=18)  # the tensorrt backend's export opset
+    summary = weight_only_dq(model, kind, block_size=64)
+    assert summary["layers"] == 1 and [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
+    x = rng.normal(size=(1, 3, 256)).astype(np.float32)
+    rel = np.abs(run_graph(model, x) - x @ w.T).max() / np.abs(x @ w.T).max()
+    assert rel < {"int4": 0.15, "int8": 0.02, "fp8": 0.08}[kind]
+    report = check_onnx(model)
+    assert report.ok, report.message()
+    nbits = one_linear_graph(w, opset=18)
+    quantize_linear_layers(nbits, QuantConfig(4, 32))
+    assert "DequantizeLinear → MatMul" in check_onnx(nbits).message()

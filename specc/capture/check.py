@@ -54,7 +54,24 @@ def describe(source: str, report: CheckReport) -> str:
 
 # Compiled checks behind the table (tests/test_model_families.py and its slow matrix, run by hand on
 # 2026-12-01): speculative greedy == target-only greedy == Hugging Face greedy over 8 prompts.
-COMPILED_CHECKS: dict[str, str] = {}
+COMPILED_CHECKS: dict[str, str] = {
+    'llama': 'ORT prompt-lookup: spec = target-only',
+    'mistral': 'ORT prompt-lookup: spec = target-only',
+    'qwen2': 'ORT prompt-lookup: spec = target-only',
+    'qwen3': 'ORT prompt-lookup: spec = target-only',
+    'gemma': 'ORT prompt-lookup: spec = target-only',
+    'gemma2': 'ORT prompt-lookup: spec = target-only',
+    'granite': 'ORT prompt-lookup: spec = target-only',
+    'olmo2': 'ORT prompt-lookup: spec = target-only',
+    'smollm3': 'ORT prompt-lookup: spec = target-only',
+    'starcoder2': 'ORT prompt-lookup: spec = target-only',
+    'mixtral': 'ORT prompt-lookup: spec = target-only',
+    'qwen3_moe': 'ORT prompt-lookup: spec = target-only',
+    'phi3': 'ORT prompt-lookup: spec = target-only; ORT model draft: spec = target-only = HF',
+    'glm4': 'ORT prompt-lookup: spec = target-only; ORT model draft: spec = target-only',
+    'gemma3': 'ORT prompt-lookup: spec = target-only; ORT model draft: spec = target-only = HF; torch tree (window 4): spec = target-only = HF',
+    'gpt_oss': 'ORT model draft: spec = target-only = HF',
+}
 
 
 def families_table() -> str:

@@ -20,4 +20,5 @@ FAMILY = Family(
           "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                               "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}},
     problems=_problems,
+    real_checkpoints=("gemma3-270m",),
 )

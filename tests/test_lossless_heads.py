@@ -41,7 +41,8 @@ def test_greedy_equals_target_only(head_bundles, name):
     assert stats["rounds"] > 0
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_tree",
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain",  # trees: per-row Python tree growth over 512 rows
+                                  pytest.param("eagle_tree", marks=pytest.mark.slow),
                                   pytest.param("medusa_tree", marks=pytest.mark.slow)])
 def test_sampled_output_has_target_distribution(head_bundles, name):
     target, bundles = head_bundles

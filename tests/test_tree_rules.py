@@ -82,11 +82,17 @@ def test_greedy_tree_follows_target_argmax():
 
 def test_tree_shape_validation():
     from specc.errors import RecipeError
+    from specc.recipe import parse_recipe
 
     shape = TreeShape.from_recipe({"paths": [[0], [1], [0, 0]]})
     assert shape.size == 3 and shape.depth == 2 and shape.children_at_level(2) == {(0,): 1}
-    with pytest.raises(RecipeError, match=r"path \[1, 0\] has no parent path \[1\]"):
+    with pytest.raises(ValueError, match=r"path \[1, 0\] has no parent path \[1\]"):
         TreeShape.from_recipe({"paths": [[0], [1, 0]]})
-    with pytest.raises(RecipeError, match="non-empty list"):
+    with pytest.raises(ValueError, match="non-empty list"):
         TreeShape.from_recipe({"paths": [[]]})
+    with pytest.raises(RecipeError, match=r"speculation.tree.paths.*has no parent path"):  # the recipe names the field
+        parse_recipe({"target": {"model": "m"}, "draft": {"method": "model", "model": "d"},
+                      "speculation": {"mode": "tree", "tree": {"paths": [[0], [1, 0]]}}})
+    with pytest.raises(ValueError, match="depth 1..16"):
+        TreeShape.parse("17,2,8")
     assert TreeShape.from_recipe({"paths": None, "depth": 3, "branching": 2, "max_nodes": 10}).size == 10

@@ -98,7 +98,7 @@ def test_more_prompts_than_max_batch(bundles):
     ({"prompts": [3.5]}, "must be a non-empty string or list of token ids"),
     ({"prompts": ["a"], "seed": [1, 2]}, "one int per prompt"),
     ({"prompts": ["a"], "stop": "x"}, "list of non-empty strings"),
-    ({"prompts": ["a"], "k": 40}, "k must be in"),
+    ({"prompts": ["a"], "k": 40}, "k must be an integer in"),
 ])
 def test_bad_requests(bundles, kwargs, message):
     model = specc.load(bundles["draft"])

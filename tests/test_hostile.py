@@ -24,7 +24,7 @@ from specc.cli import main
 from specc.errors import BundleError, RequestError, SpeccError
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-# `pytest -m slow tests/test_hostile.py` runs the big fuzz; SPECC_FUZZ_EXAMPLES sets its size per test.
+# `pytest -m heavy tests/test_hostile.py` runs the big fuzz (kept out of the default run and CI); SPECC_FUZZ_EXAMPLES sets its size per test.
 FUZZ_SLOW = settings(max_examples=int(os.environ.get("SPECC_FUZZ_EXAMPLES", "500")), deadline=None,
                      suppress_health_check=list(HealthCheck))
 
@@ -775,6 +775,7 @@ def test_fuzzed_prompt_files_give_output_or_one_error_line(small, tmp_path_facto
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @FUZZ_SLOW
 @given(data=st.data())
 def test_fuzzed_recipes_many(tmp_path_factory, capsys, data):
@@ -782,6 +783,7 @@ def test_fuzzed_recipes_many(tmp_path_factory, capsys, data):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @FUZZ_SLOW
 @given(data=st.data())
 def test_fuzzed_manifests_many(small, tmp_path_factory, data):
@@ -789,6 +791,7 @@ def test_fuzzed_manifests_many(small, tmp_path_factory, data):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @FUZZ_SLOW
 @given(prompts=PROMPTS, kwargs=st.fixed_dictionaries({}, optional=REQUEST_VALUES))
 def test_fuzzed_requests_many(model, prompts, kwargs):

@@ -42,8 +42,8 @@ def test_greedy_equals_target_only(head_bundles, name):
 
 
 @pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain",  # trees: per-row Python tree growth over 512 rows
-                                  pytest.param("eagle_tree", marks=pytest.mark.slow),
-                                  pytest.param("medusa_tree", marks=pytest.mark.slow)])
+                                  pytest.param("eagle_tree", marks=[pytest.mark.slow, pytest.mark.heavy]),
+                                  pytest.param("medusa_tree", marks=[pytest.mark.slow, pytest.mark.heavy])])
 def test_sampled_output_has_target_distribution(head_bundles, name):
     target, bundles = head_bundles
     params = PARAMS[1] if name.endswith("chain") else PARAMS[0]

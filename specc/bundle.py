@@ -40,11 +40,12 @@ from typing import Any
 
 from .digest import sha256_of
 from .errors import BundleError, RecipeError, SpeccError
-from .recipe import Recipe, parse_recipe
+from .recipe import DRAFT_GRAPH_METHODS, Recipe, parse_recipe
 from .version import __version__
 
 FORMAT = "specc-bundle"
 FORMAT_VERSION = 2
+MAX_TOKEN_ID = 2**31  # token ids are int32-sized everywhere (tokenizers, ONNX graphs)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 ID_PREFIX = "sha256:"
@@ -328,14 +329,14 @@ class Manifest:
             raise gr.fail("target", "missing; every bundle has a target graph")
         if draft.graph is not None and draft.graph not in graphs:
             raise dr.fail("graph", f"{draft.graph!r} is not one of the graphs ({', '.join(graphs)})")
-        if (draft.graph is not None) != (draft.method in ("model", "quantized", "early_exit")):
+        if (draft.graph is not None) != (draft.method in DRAFT_GRAPH_METHODS):
             raise dr.fail("graph", f"{draft.graph!r} does not fit draft method {draft.method!r}")
         vocab = graphs["target"].model["vocab_size"]
         for role, g in graphs.items():
             if g.model["vocab_size"] != vocab:
                 raise gr.fail(f"{role}.model.vocab_size", f"{g.model['vocab_size']} differs from the target's {vocab}")
-        if any(t >= vocab for t in eos):
-            raise tr.fail("eos_token_ids", f"{eos} has ids outside the vocabulary [0, {vocab})")
+        if any(t >= MAX_TOKEN_ID for t in eos):  # ids past the model's vocabulary are legal (never generated)
+            raise tr.fail("eos_token_ids", f"{eos} has ids outside the vocabulary of token ids [0, {MAX_TOKEN_ID})")
         fr = r.obj("files")
         files = {}
         for rel, meta in fr.data.items():

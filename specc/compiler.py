@@ -22,7 +22,7 @@ from .heads.store import load_head
 from .models.load import check_same_tokenizer, gguf_source, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
-from .recipe import Recipe
+from .recipe import DRAFT_GRAPH_METHODS, Recipe
 
 # max |engine - eager| / max(1, max |eager|) over every output, by engine precision (eager runs the traced dtype)
 NUMERICS_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
@@ -88,7 +88,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
     method = recipe.draft.method
-    draft_graph = method in ("model", "quantized", "early_exit", "medusa", "eagle")
+    draft_graph = method in DRAFT_GRAPH_METHODS
     n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
     stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
     ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)

@@ -21,6 +21,7 @@ from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
 DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
+DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  # methods whose bundle has a draft graph
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 

@@ -280,7 +280,7 @@ def t_eos_bools(b, m, tmp):
 
 
 def t_eos_outside_vocab(b, m, tmp):
-    m["tokenizer"]["eos_token_ids"] = [10**9]
+    m["tokenizer"]["eos_token_ids"] = [2**40]
 
 
 def t_format_version_string(b, m, tmp):

@@ -157,10 +157,21 @@ class TensorSig:
 
 
 DTYPES = ("int64", "int32", "float32", "float16", "bfloat16", "bool")
-# The step-graph ABI (capture/step_decoder.py, passes): inputs in this order, then optional extras; one output set.
+# The graph ABIs: the step graph (capture/step_decoder.py, passes) and the draft heads (heads/graph.py: Medusa,
+# EAGLE). Inputs: one ABI in this order, then optional extras, each once; outputs: one ABI, then optional extras.
 STEP_INPUTS = ("input_ids", "position_ids", "cache_len", "logit_index", "k_cache", "v_cache")
+INPUT_ABIS = (STEP_INPUTS, ("features",),
+              ("input_ids", "features", "position_ids", "cache_len", "logit_index", "k_cache", "v_cache"))
 EXTRA_INPUTS = ("tree_mask", "draft_tokens", "draft_probs", "n_draft", "temperature", "top_k", "top_p", "u_accept", "u_next")
-STEP_OUTPUTS = (("logits", "new_k", "new_v"), ("n_accepted", "next_token", "new_k", "new_v"))
+STEP_OUTPUTS = (("logits", "new_k", "new_v"), ("n_accepted", "next_token", "new_k", "new_v"), ("logits",),
+                ("logits", "hidden", "new_k", "new_v"))
+EXTRA_OUTPUTS = ("features",)  # passes/add_feature_outputs.py
+
+
+def _follows_abi(names: list[str], abis: tuple, extras: tuple) -> bool:
+    """names = one of the ABIs, then any of the extras, no name twice."""
+    return len(set(names)) == len(names) and any(
+        tuple(names[:len(abi)]) == abi and set(names[len(abi):]) <= set(extras) for abi in abis)
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -211,13 +222,13 @@ class GraphEntry:
                 raise ir.fail("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
             inputs.append(TensorSig(ir.str("name"), dtype, list(shape)))
         names = [i.name for i in inputs]
-        if (tuple(names[:len(STEP_INPUTS)]) != STEP_INPUTS or len(set(names)) != len(names)
-                or not set(names[len(STEP_INPUTS):]) <= set(EXTRA_INPUTS)):
-            raise r.fail("inputs", f"{names} is not the step-graph ABI: {', '.join(STEP_INPUTS)}, then any of "
-                                   f"{', '.join(EXTRA_INPUTS)}, each once")
+        if not _follows_abi(names, INPUT_ABIS, EXTRA_INPUTS):
+            raise r.fail("inputs", f"{names} is not the step-graph ABI: {' or '.join(map(str, map(list, INPUT_ABIS)))}, "
+                                   f"then any of {', '.join(EXTRA_INPUTS)}, each once")
         outputs = r.str_list("outputs")
-        if tuple(outputs) not in STEP_OUTPUTS:
-            raise r.fail("outputs", f"{outputs} is not the step-graph ABI: {' or '.join(map(str, map(list, STEP_OUTPUTS)))}")
+        if not _follows_abi(outputs, STEP_OUTPUTS, EXTRA_OUTPUTS):
+            raise r.fail("outputs", f"{outputs} is not the step-graph ABI: {' or '.join(map(str, map(list, STEP_OUTPUTS)))}, "
+                                    f"then any of {', '.join(EXTRA_OUTPUTS)}")
         rr = r.obj("ranges")
         ranges = {}
         for name, value in rr.data.items():
@@ -226,8 +237,9 @@ class GraphEntry:
                 raise rr.fail(name, f"expected [min, max] integers with 0 <= min <= max, got {_short(value)}")
             ranges[name] = list(value)
         mr = r.obj("model")
-        model = {"n_layers": mr.int("n_layers", 1), "n_kv_heads": mr.int("n_kv_heads", 1),
-                 "head_dim": mr.int("head_dim", 1), "vocab_size": mr.int("vocab_size", 1), "dtype": mr.str("dtype")}
+        kv = 1 if "k_cache" in names else 0  # a graph without a KV cache (a Medusa head) has no layers to size one
+        model = {"n_layers": mr.int("n_layers", kv), "n_kv_heads": mr.int("n_kv_heads", kv),
+                 "head_dim": mr.int("head_dim", kv), "vocab_size": mr.int("vocab_size", 1), "dtype": mr.str("dtype")}
         if model["dtype"] not in MODEL_DTYPES:
             raise mr.fail("dtype", f"{model['dtype']!r} is not one of {', '.join(MODEL_DTYPES)}")
         unknown = set(mr.data) - set(model)

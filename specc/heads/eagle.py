@@ -29,14 +29,12 @@ class HeadAttention(StepAttention):
     """The step graph's attention with its own projections (input width may differ from the output's)."""
 
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool):
-        nn.Module.__init__(self)
-        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
-        self.q_norm = self.k_norm = None
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        projections = SimpleNamespace(q_proj=nn.Linear(hidden, n_heads * head_dim, bias=bias),
+                                      k_proj=nn.Linear(hidden, n_kv_heads * head_dim, bias=bias),
+                                      v_proj=nn.Linear(hidden, n_kv_heads * head_dim, bias=bias),
+                                      o_proj=nn.Linear(n_heads * head_dim, hidden, bias=False), scaling=head_dim ** -0.5)
+        super().__init__(projections, n_heads, n_kv_heads, head_dim, fused_qkv=False, qk_norm=None, norm_offset=0.0,
+                         use_rope=True, interleaved_rope=False, softcap=None, sinks=False)
 
 
 class MLP(nn.Module):

@@ -112,10 +112,11 @@ def test_truncate_to_exit_builds_a_draft_of_the_first_layers(hf):
 
 
 def test_early_exit_layer_out_of_range(hf):
+    from specc.errors import RecipeError
     from specc.passes.add_early_exit import AddEarlyExit
 
     graph = capture("target", hf, dim_ranges(4, 64))
-    with pytest.raises(ValueError, match=r"draft.layer must be in \[1, 1\]"):
+    with pytest.raises(RecipeError, match=r"draft.layer': must be in \[1, 1\]"):
         AddEarlyExit(layer=2)(graph)
 
 

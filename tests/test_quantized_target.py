@@ -125,7 +125,7 @@ def test_row_invariance_is_checked_and_recorded(quantized_bundles):
     from specc.backends.matmul_nbits import rows_independent_of_pass_size
 
     assert rows_independent_of_pass_size(64, 48, 4, 32, 4)
-    q = specc.load(quantized_bundles["int4"]).bundle.graph("target")["weight_quant"]
+    q = specc.load(quantized_bundles["int4"]).bundle.graph("target").facts["weight_quant"]
     assert q["rows_independent_of_pass_size"] is True
 
 
@@ -133,9 +133,9 @@ def test_bundle_records_the_quantisation(quantized_bundles):
     from specc.cli.format import format_manifest
 
     model = specc.load(quantized_bundles["int4_wrong"])
-    q = model.bundle.graph("target")["weight_quant"]
+    q = model.bundle.graph("target").facts["weight_quant"]
     assert q["bits"] == 4 and q["block_size"] == 32 and q["layers"] == {"rtn int4 block 32": 21, "float32": 1}
-    assert model.bundle.graph("target")["entry"] == "model.nbits.onnx"
+    assert model.bundle.graph("target").entry == "model.nbits.onnx"
     text = format_manifest(model.bundle.manifest, model.bundle.path, True)
     assert "int4 MatMulNBits, block 32, accuracy level 4" in text and "float32 kept: lm_head" in text
 
@@ -185,7 +185,7 @@ def test_quantised_target_is_the_dequantised_model(small_vocab_int4):
     """At accuracy level 1 the compiled int4 target computes the float32 model holding its dequantised weights."""
     from transformers import AutoModelForCausalLM
 
-    from specc.quality import bundle_logits, hf_logits
+    from specc.bench.quality import bundle_logits, hf_logits
 
     dequantised, bundle = small_vocab_int4
     hf = AutoModelForCausalLM.from_pretrained(dequantised).eval()

@@ -29,7 +29,7 @@ def specc_weight_bytes(bundle) -> int:
     """Bytes of weights a target pass reads: the MatMulNBits summary when quantised, else the graph's files
     (float32 weights dominate them; the embedding table, of which a pass reads a few rows, is included)."""
     entry = bundle.graph("target")
-    if entry.get("weight_quant"):
-        return int(entry["weight_quant"]["weight_bytes"])
-    files = bundle.manifest["files"]
-    return sum(files[f"{entry['dir']}/{f}"]["bytes"] for f in entry["files"] if f"{entry['dir']}/{f}" in files)
+    if entry.facts.get("weight_quant"):
+        return int(entry.facts["weight_quant"]["weight_bytes"])
+    files = bundle.manifest.files
+    return sum(files[f"{entry.dir}/{f}"].bytes for f in entry.files if f"{entry.dir}/{f}" in files)

@@ -190,13 +190,13 @@ def systems_for_bench(models: list, k_values: list[int], opts: dict, prompts: li
                       max_new_tokens: int) -> list[LlamaSystem]:
     """The llama.cpp systems for `run_bench`: GGUFs from opts or from the bundles' recorded model sources."""
     manifest = models[0].bundle.manifest
-    target = opts.get("target_gguf") or model_gguf(manifest["models"]["target"])
+    target = opts.get("target_gguf") or model_gguf(manifest.models["target"])
     if target is None:
-        raise SpeccError(f"--compare llamacpp needs the target as GGUF: {manifest['models']['target']!r} is not a .gguf file "
+        raise SpeccError(f"--compare llamacpp needs the target as GGUF: {manifest.models['target']!r} is not a .gguf file "
                          "or a pulled catalog model; pass --llamacpp-target FILE.gguf")
     draft = opts.get("draft_gguf")
     if draft is None:
-        drafts = [m.bundle.manifest["models"].get("draft") for m in models if m.bundle.manifest["models"].get("draft")]
+        drafts = [m.bundle.manifest.models.get("draft") for m in models if m.bundle.manifest.models.get("draft")]
         draft = next((g for g in map(model_gguf, drafts) if g is not None), None)
     n_ctx = max(len(p) for p in prompts) + max_new_tokens + LLAMACPP_DEFAULT_DRAFT + 64
     opts["resolved"] = {"target_gguf": str(target), "draft_gguf": str(draft) if draft else None}

@@ -60,7 +60,7 @@ def evaluate(model, texts: list[list[int]], gguf: str | Path | None = None, thre
     too_long = max(len(t) for t in texts)
     if too_long > model.max_context:
         raise SpeccError(f"an eval text has {too_long} tokens, above the bundle's max_context {model.max_context}")
-    source = model.bundle.manifest["models"]["target"]
+    source = model.bundle.manifest.models["target"]
     hf = load_model(source, "float32").model
     systems = {"float32 target (transformers)": lambda ids: hf_logits(hf, ids),
                f"specc {_label(model)}": lambda ids: bundle_logits(model, ids)}

@@ -241,13 +241,9 @@ def test_lowering_records_profiles_precision_and_versions(monkeypatch, fake_gpu,
     assert config.profiles[0].shapes["input_ids"] == ((1, 1), (4, 4), (4, 4))
     assert config.profiles[1].shapes["k_cache"][2] == (2, 4, 2, 256, 16)  # [L, B, H_kv, S, D] at max
 
-    from specc.cli.format import format_manifest
+    from specc.cli.format import fact_lines
 
-    graph_entry = {"dir": "target", **entry, **graph.signature(), "ranges": graph.ranges.to_dict(), "model": graph.dims.to_dict()}
-    manifest = {"format": "specc-bundle", "format_version": 1, "specc_version": "0", "backend": "tensorrt",
-                "recipe": recipe.to_dict(), "models": {"target": "m"}, "draft": {"method": "none"},
-                "versions": entry["versions"], "graphs": {"target": graph_entry}, "files": {}}
-    text = format_manifest(manifest, tmp_path, verified=False)
+    text = "\n".join(fact_lines(entry))  # what `specc inspect` prints for this graph's backend facts
     assert "profile   step: batch 1..4 (opt 4), cache 1..256 (opt 128), tokens 1..4 (opt 4)" in text
     assert "gpu       Fake GPU (compute capability 9.0), precision fp16" in text
     assert "checked against TensorRT 10.1's operator table: 0 unsupported" in text

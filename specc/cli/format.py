@@ -68,13 +68,20 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         lines.append("  ranges    " + ", ".join(f"{k} {v[0]}..{v[1]}" for k, v in g.ranges.items()))
         for note in g.passes:
             lines.append(f"  pass      {note}")
-        for key in ("weight_quant", "profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
-            if key in g.facts:
-                try:
-                    lines += _fact_lines(key, g.facts)
-                except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # backend facts are free-form
-                    lines.append(f"  {key:<9} {str(g.facts[key])[:200]}")
+        lines += fact_lines(g.facts)
     return "\n".join(lines)
+
+
+def fact_lines(facts: dict) -> list[str]:
+    """The lines `inspect` prints for a graph's backend facts (quantisation, profiles, GPU, coverage, ...)."""
+    lines = []
+    for key in ("weight_quant", "profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
+        if key in facts:
+            try:
+                lines += _fact_lines(key, facts)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # backend facts are free-form
+                lines.append(f"  {key:<9} {str(facts[key])[:200]}")
+    return lines
 
 
 def _fact_lines(key: str, g: dict) -> list[str]:

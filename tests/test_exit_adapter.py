@@ -49,7 +49,7 @@ def test_compiled_draft_applies_the_adapter_and_stays_lossless(trained, models_d
     hf, adapter, _, path = trained
     bundle = build_bundle(tmp_path / "b", models_dir / "target", {"method": "early_exit", "layer": 2, "adapter": str(path)})
     model = specc.load(bundle)
-    assert "with a trained adapter" in model.bundle.graph("draft").passes[0]
+    assert any("with a trained adapter" in note for note in model.bundle.graph("draft").passes)
     ids = torch.randint(0, 256, (1, 9))
     with torch.no_grad():
         ref = exit_head(hf, adapter)(hf(ids, output_hidden_states=True).hidden_states[2][0])

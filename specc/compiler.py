@@ -19,6 +19,7 @@ from .capture.graph import StepGraph, capture
 from .errors import ModelError, RecipeError, SpeccError
 from .heads.graph import capture_head
 from .heads.store import load_head
+from .limits import auto_k_max
 from .models.load import check_same_tokenizer, gguf_source, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
@@ -243,7 +244,8 @@ def shape_plan(recipe: Recipe, role: str, graph: StepGraph) -> ShapePlan:
     ranges = {name: tuple(r) for name, r in graph.ranges.to_dict().items()}
     inputs = graph.signature()["inputs"]
     example = dim_sizes(inputs, [i.example.shape for i in graph.inputs])
-    return ShapePlan(inputs, plan_profiles(ranges, step_tokens(role, spec.mode, spec.k, spec.tree.max_nodes)), example)
+    return ShapePlan(inputs, plan_profiles(ranges, step_tokens(role, spec.mode, auto_k_max(spec.k) if spec.k == "auto" else spec.k,
+                                                                           spec.tree.max_nodes)), example)
 
 
 def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGraph) -> dict:

@@ -2,8 +2,14 @@
 ranges and the runtime's request checks (one definition; the recipe's help text shows them)."""
 
 MAX_K = 16  # chain drafts per round
+AUTO_K_MAX = 8  # k "auto" considers k up to max(the recipe's k, this)
 MAX_TREE_DEPTH = 16  # levels of a token tree
 MAX_TREE_BRANCHING = 8  # children per node of a dynamic tree
 MAX_TREE_NODES = 128  # drafted nodes verified in one target pass
 MAX_TREE_CHILD_INDEX = 63  # largest child index in a static tree path
 MAX_NGRAM = 16  # longest n-gram prompt lookup matches
+
+
+def auto_k_max(k: int | str) -> int:
+    """The largest k adaptive speculation considers for a recipe's speculation.k (an integer or "auto")."""
+    return AUTO_K_MAX if k == "auto" else min(max(k, AUTO_K_MAX), MAX_K)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import RecipeError
-from .limits import MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
+from .limits import AUTO_K_MAX, MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
 from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
@@ -25,9 +25,11 @@ DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  #
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
-def _f(default: Any, help: str, *, choices: tuple = (), lo: float | None = None, hi: float | None = None):
-    """A recipe field: default, help text and constraints in one place."""
-    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi}
+def _f(default: Any, help: str, *, choices: tuple = (), lo: float | None = None, hi: float | None = None,
+       also: tuple = ()):
+    """A recipe field: default, help text and constraints in one place; `also`: special values allowed
+    beside the typed ones (speculation.k: auto)."""
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "also": also}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: _copy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -82,7 +84,8 @@ class TreeSpec:
 @dataclass(frozen=True)
 class SpeculationSpec:
     mode: str = _f("chain", "chain: k tokens in a row; tree: a token tree verified in one pass", choices=("chain", "tree"))
-    k: int = _f(4, "chain mode: draft tokens per round", lo=1, hi=MAX_K)
+    k: int | str = _f(4, f"chain mode: draft tokens per round, or auto: chosen every round (0 to {AUTO_K_MAX}) from the "
+                         "measured acceptance and costs", lo=1, hi=MAX_K, also=("auto",))
     tree: TreeSpec = _f(TreeSpec(), "tree mode: shape of the token tree")
     verify_head: bool = _f(False, "compute acceptance inside the target graph (verification-head pass)")
 
@@ -130,10 +133,12 @@ def _type_name(tp: Any) -> str:
 
 
 def _check_value(path: str, value: Any, tp: Any, meta: dict) -> Any:
+    if isinstance(value, str) and value in meta.get("also", ()):
+        return value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
+        if value is None and len(args) < len(typing.get_args(tp)):
             return None
         tp = args[0]
     if dataclasses.is_dataclass(tp):
@@ -142,7 +147,8 @@ def _check_value(path: str, value: Any, tp: Any, meta: dict) -> Any:
         value = float(value)
     ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
     if not ok:
-        raise RecipeError(path, f"expected {_type_name(tp)}, got {_short(value)}")
+        also = "".join(f" or {a!r}" for a in meta.get("also", ()))
+        raise RecipeError(path, f"expected {_type_name(tp)}{also}, got {_short(value)}")
     if tp is float and not math.isfinite(value):
         raise RecipeError(path, f"expected a finite number, got {value!r}")
     if tp is str and ("\0" in value or len(value) > 4096):

@@ -34,13 +34,25 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
     return compile_recipe(recipe, output=out, progress=False)
 
 
+class LazyBundles(dict):
+    """Bundles built on first use (a test run that needs two of them builds two)."""
+
+    def __init__(self, root: Path, recipes: dict[str, tuple]):
+        super().__init__()
+        self.root, self.recipes = root, recipes
+
+    def __missing__(self, name: str) -> Path:
+        target, draft, extra = self.recipes[name]
+        self[name] = build_bundle(self.root / name, target, draft, **extra)
+        return self[name]
+
+
 @pytest.fixture(scope="session")
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
     'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
     (chain and tree), prompt lookup, and prompt lookup in front of the draft model ('lookup_first');
     'wrong' runs on the torch backend."""
-    root = tmp_path_factory.mktemp("bundles")
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
     wrong = {"method": "model", "model": str(models_dir / "wrong")}
@@ -48,21 +60,20 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     dynamic = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 8}}
     static = {"mode": "tree", "tree": {"paths": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}}
     chain_paths = {"mode": "tree", "tree": {"paths": [[0], [0, 0], [0, 0, 0]]}}
-    return {
-        "draft": build_bundle(root / "draft", t, draft),
-        "self": build_bundle(root / "self", t, itself),
-        "wrong": build_bundle(root / "wrong", t, wrong, backend="torch"),
-        "tree_dynamic": build_bundle(root / "tree_dynamic", t, draft, speculation=dynamic),
-        "tree_static": build_bundle(root / "tree_static", t, draft, speculation=static),
-        "tree_self": build_bundle(root / "tree_self", t, itself, speculation=static),
-        "tree_wrong": build_bundle(root / "tree_wrong", t, wrong, speculation=chain_paths),
-        "early_exit": build_bundle(root / "early_exit", t, {"method": "early_exit", "layer": 2}),
-        "early_exit_tree": build_bundle(root / "early_exit_tree", t, {"method": "early_exit", "layer": 1},
-                                        speculation=dynamic),
-        "prompt_lookup": build_bundle(root / "prompt_lookup", t, {"method": "prompt_lookup", "max_ngram": 2}),
-        "lookup_first": build_bundle(root / "lookup_first", t, {**draft, "lookup": True, "min_ngram": 2}),
-        "verify_head": build_bundle(root / "verify_head", t, draft, speculation={"k": 3, "verify_head": True}),
-    }
+    return LazyBundles(tmp_path_factory.mktemp("bundles"), {
+        "draft": (t, draft, {}),
+        "self": (t, itself, {}),
+        "wrong": (t, wrong, {"backend": "torch"}),
+        "tree_dynamic": (t, draft, {"speculation": dynamic}),
+        "tree_static": (t, draft, {"speculation": static}),
+        "tree_self": (t, itself, {"speculation": static}),
+        "tree_wrong": (t, wrong, {"speculation": chain_paths}),
+        "early_exit": (t, {"method": "early_exit", "layer": 2}, {}),
+        "early_exit_tree": (t, {"method": "early_exit", "layer": 1}, {"speculation": dynamic}),
+        "prompt_lookup": (t, {"method": "prompt_lookup", "max_ngram": 2}, {}),
+        "lookup_first": (t, {**draft, "lookup": True, "min_ngram": 2}, {}),
+        "verify_head": (t, draft, {"speculation": {"k": 3, "verify_head": True}}),
+    })
 
 
 @pytest.fixture(scope="session")

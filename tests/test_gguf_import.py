@@ -107,7 +107,9 @@ def test_smollm2_gguf_blocks_are_kept(tmp_path):
     from specc.recipe import parse_recipe
 
     recipe = parse_recipe({"target": {"model": "smollm2-135m-instruct", "quantize": "int4"},
-                           "draft": {"method": "prompt_lookup"}, "limits": {"max_batch": 2, "max_context": 256}})
+                           "draft": {"method": "prompt_lookup"}, "limits": {"max_batch": 1, "max_context": 256}})
     bundle = compile_recipe(recipe, output=tmp_path / "b", progress=False)
-    layers = specc.load(bundle).bundle.graph("target").facts["weight_quant"]["layers"]
+    model = specc.load(bundle)
+    assert len(model.generate(["def f(x):"], max_new_tokens=4)[0].token_ids) == 4  # max_batch 1 compiles and runs
+    layers = model.bundle.graph("target").facts["weight_quant"]["layers"]
     assert layers == {"gguf:Q4_1 int4 block 32 +offsets": 210, "gguf:Q8_0 int8 block 32": 1}

@@ -18,12 +18,14 @@ def _err(data) -> str:
 def test_minimal_recipe_gets_defaults():
     r = parse_recipe(BASE)
     assert r.backend == "onnxruntime" and r.speculation.k == 4 and r.limits.max_context == 2048
+    assert parse_recipe({**BASE, "speculation": {"k": "auto"}}).speculation.k == "auto"
 
 
 @pytest.mark.parametrize("data, path, allowed", [
     ({**BASE, "backend": "tensorflow"}, "backend", "onnxruntime, torch, aoti"),
     ({**BASE, "speculation": {"k": 0}}, "speculation.k", "minimum 1"),
-    ({**BASE, "speculation": {"k": "four"}}, "speculation.k", "expected an integer"),
+    ({**BASE, "speculation": {"k": "four"}}, "speculation.k", "expected an integer or 'auto'"),
+    ({**BASE, "speculation": {"k": None}}, "speculation.k", "expected an integer or 'auto', got None"),
     ({**BASE, "speculation": {"mode": "star"}}, "speculation.mode", "chain, tree"),
     ({**BASE, "sampling": {"top_p": 1.5}}, "sampling.top_p", "maximum 1.0"),
     ({**BASE, "limits": {"max_batch": True}}, "limits.max_batch", "expected an integer"),

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specc.backends import LowerOptions, get_backend, gpu, tensorrt_backend, torch_tensorrt_backend
+from specc.backends import LowerOptions, gpu, tensorrt_backend, torch_tensorrt_backend
 from specc.backends.tensorrt_backend import PLAN, TIMING_CACHE, TensorRTBuildError
 from specc.capture.shapes import dim_ranges
 from specc.capture.graph import capture

@@ -8,7 +8,8 @@ import yaml
 
 from specc.cli import main
 from specc.errors import SpeccError
-from specc.bench.tune import Costs, _edit_k, expected_tokens, predicted_speedup, set_speculation_k
+from specc.bench.tune import Costs, _edit_k, predicted_speedup, set_speculation_k
+from specc.speculation.speedup import expected_tokens
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
 

@@ -35,6 +35,7 @@ import yaml
 
 from ..errors import SpeccError
 from ..limits import MAX_K
+from ..speculation.speedup import expected_tokens
 
 
 @dataclass
@@ -49,11 +50,6 @@ class Costs:
     def draft_round(self, k: int) -> float:
         """Drafting cost of one round of k tokens."""
         return self.lookup if self.lookup is not None else k * self.draft_step
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Mean tokens a round of k drafts yields (accepted drafts + the target's own token)."""
-    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def round_tokens(alpha: float, k: int, hit_rate: float = 1.0) -> float:
@@ -163,7 +159,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     predictions = {k: predicted_speedup(alpha, k, costs, hit_rate) for k in range(1, k_max + 1)}
     best = max(predictions, key=predictions.get)
 
-    ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if 1 <= k <= k_max})
+    ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max})
     systems = [SpeccSystem("target-only", model, {"speculative": False})]
     systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k}) for k in ks]
     runs: dict[str, list] = {s.name: [] for s in systems}

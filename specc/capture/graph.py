@@ -33,8 +33,11 @@ def export_module(module: torch.nn.Module, inputs: list[InputSpec], ranges: DimR
     made: dict[str, Dim] = {}
 
     def dim(name: str) -> Dim:
+        # torch.export refuses a Dim with min == max (max_batch 1): the graph is traced for one
+        # more, and the manifest's limits (checked by the runtime) keep the declared range.
         if name not in made:
-            made[name] = Dim(name, min=bounds[name][0], max=bounds[name][1])
+            lo, hi = bounds[name]
+            made[name] = Dim(name, min=lo, max=max(hi, lo + 1))
         return made[name]
 
     shapes = tuple({axis: dim(n) for axis, n in i.dims.items()} or None for i in inputs)

@@ -130,7 +130,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from ..runtime.model import load
     from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
 
     if args.write and not args.recipe:
@@ -186,7 +185,7 @@ def cmd_serve(args) -> int:
 
     serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
-          max_queue=args.max_queue, verify=not args.no_verify)
+          max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code)
     return 0
 
 
@@ -359,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or auto (default)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+    _add_trust(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="speculative vs target-only (and Hugging Face) on the same prompts, in one run",

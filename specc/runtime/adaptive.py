@@ -30,19 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..limits import MAX_K
-
-AUTO_K_MAX = 8  # k "auto" considers k up to max(the recipe's k, this)
-
-
-def auto_k_max(recipe_k: int) -> int:
-    """The largest k the policy considers for a bundle compiled with speculation.k = recipe_k."""
-    return min(max(recipe_k, AUTO_K_MAX), MAX_K)
-
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Mean tokens a round of k drafts yields at per-token acceptance alpha (as in `specc tune`)."""
-    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+from ..speculation.speedup import expected_tokens
 
 
 @dataclass

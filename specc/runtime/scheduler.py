@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import RequestError
-from ..limits import MAX_K
+from ..limits import MAX_K, auto_k_max
 from ..speculation.sampling import probs_from_logits
 from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
-from .adaptive import AdaptiveK, RoundRecord, auto_k_max
+from .adaptive import AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
 from .stats import RunStats
@@ -64,13 +64,15 @@ class Scheduler:
             raise RequestError(f"{model.draft_label} drafting proposes chains, not trees")
         default_tree = model.tree if k is None else None
         self.tree = (tree or default_tree) if self.speculative else None
+        if k is None and self.tree is None:
+            k = model.k  # the recipe's: an integer or "auto"
         self.policy = None
         if k == "auto":
             self.policy = AdaptiveK(auto_k_max(model.k)) if self.speculative and self.tree is None else None
             k = self.policy.k_max if self.policy else None
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
-        self.k = (model.k if k is None else k) if self.speculative and self.tree is None else 0
+        self.k = k if self.speculative and self.tree is None and k is not None else 0
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()

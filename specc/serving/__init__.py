@@ -13,7 +13,8 @@ from ..errors import SpeccError
 
 def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
           api_key: str | None = None, k: int | str | None = "auto", speculative: bool = True,
-          max_batch: int | None = None, max_queue: int = 256, verify: bool = True) -> None:
+          max_batch: int | None = None, max_queue: int = 256, verify: bool = True,
+          expect_id: str | None = None, trust_code: bool = False) -> None:
     """Load a bundle and serve it until interrupted."""
     try:
         import uvicorn
@@ -25,7 +26,7 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
 
     if max_queue < 1:
         raise SpeccError(f"--max-queue must be >= 1, got {max_queue}")
-    model = load(bundle, verify=verify)
+    model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
     app = create_app(model, name=name or Path(bundle).resolve().name, k=k, speculative=speculative,
                      max_batch=max_batch, max_queue=max_queue, api_key=api_key)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

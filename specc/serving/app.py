@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import RequestError
 from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
-from .engine import Admitted, AsyncEngine, Failed, Job
+from .engine import AsyncEngine, Failed, Job
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, new_id,
                       parse_request, usage)
 

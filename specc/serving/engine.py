@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 import traceback
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
 from ..runtime.model import SpecModel
-from ..runtime.scheduler import Scheduler, StreamEvent
+from ..runtime.engine_thread import EngineThread
+from ..runtime.scheduler import StreamEvent
 from ..speculation.sampling import SamplingParams
 from .metrics import Metrics
 from .schemas import APIError
-
-_IDLE_POLL_S = 0.05
 
 
 @dataclass
@@ -54,35 +52,20 @@ class Failed:
     message: str
 
 
-class AsyncEngine:
+class AsyncEngine(EngineThread):
     def __init__(self, model: SpecModel, *, k: int | str | None = "auto", speculative: bool = True,
                  max_batch: int | None = None, max_queue: int = 256, metrics: Metrics | None = None, log=print):
-        self.model, self.log = model, log
-        self.options = {"speculative": speculative, "k": k, "max_batch": max_batch}
-        self.scheduler = Scheduler(model, **self.options)
-        self.max_queue = max_queue
+        super().__init__(model, "specc-engine", speculative=speculative, k=k, max_batch=max_batch)
+        self.log, self.max_queue = log, max_queue
         self.metrics = metrics or Metrics(max(self.scheduler.k, 1), self.scheduler.max_batch)
-        self.inbox: queue.Queue[Job] = queue.Queue()
         self.live: dict[int, Job] = {}
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()
         self._next_index = itertools.count()
-        self._closing = threading.Event()
-        self.thread: threading.Thread | None = None
 
     # -- the event loop's side -----------------------------------------------------------------
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="specc-engine", daemon=True)
-        self.thread.start()
-
     def close(self, timeout: float = 10.0) -> None:
-        self._closing.set()
-        if self.thread is not None:
-            self.thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        self.stop(timeout)
 
     @property
     def queue_depth(self) -> int:
@@ -109,36 +92,19 @@ class AsyncEngine:
         for index in job.indices:
             self.scheduler.cancel(index)
 
-    # -- the worker thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._closing.is_set():
-            try:
-                self._take(wait=not self.scheduler.busy)
-                if not self.scheduler.busy:
-                    self.metrics.idle(self.queue_depth)
-                    continue
-                events = self.scheduler.step()
-                self._count_admitted()
-                if self.scheduler.last_round is not None:
-                    self.metrics.observe_round(self.scheduler.last_round, self.queue_depth)
-                    self.scheduler.last_round = None
-                for ev in events:
-                    self._emit(ev)
-            except Exception as exc:  # a failed round must not take the server down
-                self._abort(exc)
-
-    def _take(self, wait: bool) -> None:
-        try:
-            jobs = [self.inbox.get(timeout=_IDLE_POLL_S) if wait else self.inbox.get_nowait()]
-        except queue.Empty:
-            return
-        while True:
-            try:
-                jobs.append(self.inbox.get_nowait())
-            except queue.Empty:
-                break
+    # -- the worker thread's hooks ----------------------------------------------------------------
+    def admit(self, jobs: list[Job]) -> None:
         for job in jobs:
             self._admit(job)
+
+    def idle(self) -> None:
+        self.metrics.idle(self.queue_depth)
+
+    def after_round(self) -> None:
+        self._count_admitted()
+        if self.scheduler.last_round is not None:
+            self.metrics.observe_round(self.scheduler.last_round, self.queue_depth)
+            self.scheduler.last_round = None
 
     def _admit(self, job: Job) -> None:
         if job.cancelled:
@@ -204,7 +170,7 @@ class AsyncEngine:
         with self._lock:
             self._queued -= n
 
-    def _emit(self, ev: StreamEvent) -> None:
+    def emit(self, ev: StreamEvent) -> None:
         job = self.live.get(ev.index)
         if job is None:
             return
@@ -218,14 +184,14 @@ class AsyncEngine:
         except RuntimeError:  # the event loop is closed (server shutting down)
             pass
 
-    def _abort(self, exc: Exception) -> None:
+    def abort(self, exc: Exception) -> None:
         """A round failed: every request in flight gets the error; a fresh Scheduler goes on."""
         self.log(f"specc serve: a round failed:\n{traceback.format_exc()}")
         message = f"the engine failed on this batch: {type(exc).__name__}: {exc}"
         for job in {id(j): j for j in self.live.values()}.values():
             self._post(job, Failed(message))
         self.live.clear()
-        self.scheduler = Scheduler(self.model, **self.options)
+        self.restart()
         with self._lock:
             self._queued = self.inbox.qsize()
 

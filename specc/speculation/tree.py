@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..limits import MAX_TREE_BRANCHING, MAX_TREE_CHILD_INDEX, MAX_TREE_DEPTH, MAX_TREE_NODES
-from .sampling import sample
+from .sampling import RowParams, probs_from_logits, sample
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,60 @@ class DraftTree:
     @property
     def size(self) -> int:
         return len(self.tokens) - 1
+
+
+def expand_level(trees: list[DraftTree], frontier: list[list[int]], logits: torch.Tensor, params: RowParams,
+                 shape: TreeShape, level: int, noise: torch.Tensor) -> list[list[int]]:
+    """Give this level's frontier nodes their children; returns each row's new nodes.
+
+    logits [B, F, V]: the draft's logits at row b's frontier nodes, in frontier order; F is 1
+    when all of a row's nodes share one distribution (a Medusa head). noise [B, nodes + 1].
+    """
+    probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+    logq = torch.log_softmax(logits.float(), -1)
+    out = []
+    for b, tree in enumerate(trees):
+        n = len(frontier[b])
+        rows = (lambda x: x.expand(n, -1)) if logits.shape[1] == 1 else (lambda x: x)
+        out.append(_expand_node(tree, frontier[b], None if params.greedy[b] else rows(probs[b]), rows(logq[b]),
+                                shape, level, noise[b]))
+    return out
+
+
+def _expand_node(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, logq: torch.Tensor,
+            shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
+    """Add children to this level's frontier nodes; returns the new nodes.
+
+    probs [F, V]: the draft distribution at each frontier node (sampled rows), None for greedy
+    rows; logq [F, V]: draft log-probabilities. Greedy candidates are the top tokens; sampled
+    candidates are i.i.d. draws from q, whose values never decide how many candidates a node gets.
+    """
+    wanted = shape.children_at_level(level)
+    if wanted is None:  # dynamic: expand the most likely paths first, within the node budget
+        order = sorted(range(len(frontier)), key=lambda i: -tree.score[frontier[i]])
+        counts = {}
+        for i in order:
+            if tree.size + sum(counts.values()) + shape.branching <= shape.max_nodes:
+                counts[i] = shape.branching
+    else:
+        counts = {i: wanted.get(tree.path[node], 0) for i, node in enumerate(frontier)}
+    new = []
+    for i, node in enumerate(frontier):
+        m = counts.get(i, 0)
+        if m == 0:
+            continue
+        if probs is None:
+            top = torch.topk(logq[i], m)
+            for rank, (tok, lq) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
+                new.append(tree.add(node, tok, lq, rank))
+        else:
+            q = probs[i]
+            tree.q[node] = q
+            for rank in range(m):
+                slot = tree.size + 1  # the index the new node gets: one noise value per node
+                tok = int(sample(q[None], noise[slot:slot + 1])[0])
+                new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
+    return new
 
 
 def tree_tensors(trees: list[DraftTree], first: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

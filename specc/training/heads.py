@@ -13,7 +13,6 @@ drafting chains (EAGLE: autoregressively with its own cache) on answers the targ
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass

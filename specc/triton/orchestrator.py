@@ -9,18 +9,15 @@ finish reason, token counts and its speculation statistics.
 """
 from __future__ import annotations
 
-import queue
-import threading
 import traceback
 from dataclasses import dataclass, field
 
 from ..errors import SpeccError
 from ..runtime.model import SpecModel
-from ..runtime.scheduler import Scheduler, StreamEvent
+from ..runtime.engine_thread import EngineThread
+from ..runtime.scheduler import StreamEvent
 from ..runtime.state import Request
 from .interface import GenerationRequest, parse_request, response_tensors
-
-_IDLE_POLL_S = 0.1  # how often an idle engine thread looks for new requests or shutdown
 
 
 @dataclass
@@ -35,21 +32,19 @@ class _Live:
     ids: list[int] = field(default_factory=list)
 
 
-class Orchestrator:
+class Orchestrator(EngineThread):
     """Serves every request of one model instance with one Scheduler; `pb` is triton_python_backend_utils."""
 
-    def __init__(self, model: SpecModel, pb, *, speculative: bool = True, k: int | None = None,
+    idle_poll_s = 0.1
+
+    def __init__(self, model: SpecModel, pb, *, speculative: bool = True, k: int | str | None = None,
                  default_max_tokens: int = 64, log=print):
-        self.model, self.pb, self.log = model, pb, log
-        self.speculative, self.k = speculative, k
+        super().__init__(model, "specc-scheduler", speculative=speculative, k=k)
+        self.pb, self.log = pb, log
         self.default_max_tokens = default_max_tokens
-        self.scheduler = Scheduler(model, speculative=speculative, k=k)
-        self.inbox: queue.Queue = queue.Queue()
         self.live: dict[int, _Live] = {}
         self.next_index = 0
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="specc-scheduler", daemon=True)
-        self.thread.start()
+        self.start()
 
     # -- Triton's execute thread ------------------------------------------------------------
     def submit(self, request) -> None:
@@ -64,31 +59,15 @@ class Orchestrator:
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; requests still open get an error response."""
-        self.closing.set()
-        self.thread.join(timeout)
-        pending = [sender for _, sender, _ in _drain(self.inbox)] + [live.sender for live in self.live.values()]
+        self.stop(timeout)
+        pending = [sender for _, sender, _ in self.drain()] + [live.sender for live in self.live.values()]
         for sender in pending:
             self._fail(sender, "the model is being unloaded; the request was not finished", self.pb.TritonError.UNAVAILABLE)
         self.live.clear()
 
-    # -- the engine thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self.closing.is_set():
-            try:
-                self._admit(wait=not self.scheduler.busy)
-                if self.scheduler.busy:
-                    for event in self.scheduler.step():
-                        self._emit(event)
-                    self._drop_cancelled()
-            except Exception as exc:  # a failure must not take the model down: fail the batch, go on
-                self._abort(exc)
-
-    def _admit(self, wait: bool) -> None:
-        try:
-            items = [self.inbox.get(timeout=_IDLE_POLL_S) if wait else self.inbox.get_nowait()]
-        except queue.Empty:
-            return
-        for parsed, sender, requested in items + _drain(self.inbox):
+    # -- the engine thread's hooks ----------------------------------------------------------
+    def admit(self, items: list) -> None:
+        for parsed, sender, requested in items:
             try:
                 seq = self._request(parsed)
             except SpeccError as exc:
@@ -101,6 +80,12 @@ class Orchestrator:
             self.live[seq.index] = _Live(sender, seq, parsed.stream, requested)
             self.scheduler.submit(seq)
 
+    def after_round(self) -> None:
+        for live in list(self.live.values()):
+            if live.sender.is_cancelled():
+                self._cut_short(live)
+                self._fail(live.sender, "the request was cancelled", self.pb.TritonError.CANCELLED)
+
     def _request(self, r: GenerationRequest) -> Request:
         m = self.model
         params = m.sampling_params(r.temperature, r.top_k, r.top_p)
@@ -109,7 +94,7 @@ class Orchestrator:
         self.next_index += 1
         return seq
 
-    def _emit(self, ev: StreamEvent) -> None:
+    def emit(self, ev: StreamEvent) -> None:
         live = self.live.get(ev.index)
         if live is None:  # cancelled: its final response has been sent
             return
@@ -139,25 +124,19 @@ class Orchestrator:
             self.log(f"specc: could not send a response ({exc}); dropping the request")
             self._cut_short(live)
 
-    def _drop_cancelled(self) -> None:
-        for live in list(self.live.values()):
-            if live.sender.is_cancelled():
-                self._cut_short(live)
-                self._fail(live.sender, "the request was cancelled", self.pb.TritonError.CANCELLED)
-
     def _cut_short(self, live: _Live) -> None:
-        """Make the request finish at its next round (the Scheduler then drops its row) and forget it."""
-        live.seq.max_new_tokens = len(live.seq.out) + 1
+        """Free the request's row at the next round and forget it."""
+        self.scheduler.cancel(live.seq.index)
         self.live.pop(live.seq.index, None)
 
-    def _abort(self, exc: Exception) -> None:
+    def abort(self, exc: Exception) -> None:
         """An unexpected failure in the engine thread: answer every request in flight with the error
         and start a fresh Scheduler (the old batch's state cannot be trusted)."""
         self.log(f"specc: speculative round failed:\n{traceback.format_exc()}")
         for live in self.live.values():
             self._fail(live.sender, f"the speculative engine failed: {type(exc).__name__}: {exc}", self.pb.TritonError.INTERNAL)
         self.live.clear()
-        self.scheduler = Scheduler(self.model, speculative=self.speculative, k=self.k)
+        self.restart()
 
     # -- helpers ----------------------------------------------------------------------------
     def _input(self, request, name: str):
@@ -172,11 +151,3 @@ class Orchestrator:
         except Exception as exc:
             self.log(f"specc: could not send an error response ({exc})")
 
-
-def _drain(q: queue.Queue) -> list:
-    items = []
-    while True:
-        try:
-            items.append(q.get_nowait())
-        except queue.Empty:
-            return items

@@ -61,7 +61,7 @@ class _OrchestratorModel:
         logger = self.pb.Logger
         self.orchestrator = Orchestrator(
             model, self.pb, speculative=params.get("speculative", "true") == "true",
-            k=int(params["k"]) if params.get("k") else None,
+            k=(params["k"] if params["k"] == "auto" else int(params["k"])) if params.get("k") else None,
             default_max_tokens=int(params.get("default_max_tokens", 64)), log=logger.log_error,
         )
 

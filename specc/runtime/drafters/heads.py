@@ -19,13 +19,12 @@ from typing import Callable
 
 import torch
 
-from ...speculation.sampling import RowParams, choose, probs_from_logits
-from ...speculation.tree import DraftTree, TreeShape, tree_tensors
+from ...speculation.sampling import RowParams, choose
+from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache
 from ..state import Batch
 from ..step import StepRunner, pad_right
 from .base import DraftContext, Drafter, Proposal
-from .model import _expand
 
 
 class LastFeatures:
@@ -87,14 +86,7 @@ class MedusaDrafter(Drafter):
         noise = batch.noise(shape.size + 1)
         frontier = [[0] for _ in trees]
         for level in range(1, min(shape.depth, logits.shape[1]) + 1):
-            level_logits = logits[:, level - 1]
-            probs = None if params.all_greedy else probs_from_logits(level_logits, params.temperature, params.top_k, params.top_p)
-            logq = torch.log_softmax(level_logits.float(), -1)
-            frontier = [
-                _expand(tree, frontier[b], None if params.greedy[b] else probs[b].expand(len(frontier[b]), -1),
-                        logq[b].expand(len(frontier[b]), -1), shape, level, noise[b])
-                for b, tree in enumerate(trees)
-            ]
+            frontier = expand_level(trees, frontier, logits[:, level - 1:level], params, shape, level, noise)
             if not any(frontier):
                 break
         return trees
@@ -190,12 +182,7 @@ class EagleDrafter(Drafter):
         noise = batch.noise(shape.size + 1)
         frontier = [[0] for _ in trees]
         for level in range(1, shape.depth + 1):
-            probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
-            logq = torch.log_softmax(logits.float(), -1)
-            frontier = [
-                _expand(tree, frontier[b], None if params.greedy[b] else probs[b], logq[b], shape, level, noise[b])
-                for b, tree in enumerate(trees)
-            ]
+            frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
             if level == shape.depth or not any(frontier):
                 break
             ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)

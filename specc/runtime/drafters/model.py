@@ -6,8 +6,8 @@ from typing import Callable
 
 import torch
 
-from ...speculation.sampling import RowParams, choose, probs_from_logits, sample
-from ...speculation.tree import DraftTree, TreeShape, tree_tensors
+from ...speculation.sampling import RowParams, choose
+from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
 from ..step import StepRunner, pad_right
@@ -81,12 +81,7 @@ class ModelDrafter(Drafter):
         noise = batch.noise(shape.size + 1)
         frontier = [[0] for _ in trees]
         for level in range(1, shape.depth + 1):
-            probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
-            logq = torch.log_softmax(logits.float(), -1)
-            frontier = [
-                _expand(tree, frontier[b], None if params.greedy[b] else probs[b], logq[b], shape, level, noise[b])
-                for b, tree in enumerate(trees)
-            ]
+            frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
             if level == shape.depth or not any(frontier):
                 break
             ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
@@ -116,38 +111,3 @@ class SharedCacheDrafter(ModelDrafter):
     def cache(self, batch: Batch) -> LayerView:
         return LayerView(batch.cache, self.step.dims.n_layers)
 
-
-def _expand(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, logq: torch.Tensor,
-            shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
-    """Add children to this level's frontier nodes; returns the new nodes.
-
-    probs [F, V]: the draft distribution at each frontier node (sampled rows), None for greedy
-    rows; logq [F, V]: draft log-probabilities. Greedy candidates are the top tokens; sampled
-    candidates are i.i.d. draws from q, whose values never decide how many candidates a node gets.
-    """
-    wanted = shape.children_at_level(level)
-    if wanted is None:  # dynamic: expand the most likely paths first, within the node budget
-        order = sorted(range(len(frontier)), key=lambda i: -tree.score[frontier[i]])
-        counts = {}
-        for i in order:
-            if tree.size + sum(counts.values()) + shape.branching <= shape.max_nodes:
-                counts[i] = shape.branching
-    else:
-        counts = {i: wanted.get(tree.path[node], 0) for i, node in enumerate(frontier)}
-    new = []
-    for i, node in enumerate(frontier):
-        m = counts.get(i, 0)
-        if m == 0:
-            continue
-        if probs is None:
-            top = torch.topk(logq[i], m)
-            for rank, (tok, lq) in enumerate(zip(top.indices.tolist(), top.values.tolist())):
-                new.append(tree.add(node, tok, lq, rank))
-        else:
-            q = probs[i]
-            tree.q[node] = q
-            for rank in range(m):
-                slot = tree.size + 1  # the index the new node gets: one noise value per node
-                tok = int(sample(q[None], noise[slot:slot + 1])[0])
-                new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
-    return new

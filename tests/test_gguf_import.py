@@ -99,6 +99,7 @@ def test_read_gguf_file(tmp_path):
 
 
 @pytest.mark.real_model
+@pytest.mark.heavy  # about a minute: the int4 compile of a 135M model
 def test_smollm2_gguf_blocks_are_kept(tmp_path):
     """The catalog's SmolLM2 GGUF (Q4_1 layers, Q8_0 embedding/LM head) compiles to int4 with every linear
     layer taken from the GGUF as stored."""
@@ -109,7 +110,5 @@ def test_smollm2_gguf_blocks_are_kept(tmp_path):
     recipe = parse_recipe({"target": {"model": "smollm2-135m-instruct", "quantize": "int4"},
                            "draft": {"method": "prompt_lookup"}, "limits": {"max_batch": 1, "max_context": 256}})
     bundle = compile_recipe(recipe, output=tmp_path / "b", progress=False)
-    model = specc.load(bundle)
-    assert len(model.generate(["def f(x):"], max_new_tokens=4)[0].token_ids) == 4  # max_batch 1 compiles and runs
-    layers = model.bundle.graph("target").facts["weight_quant"]["layers"]
+    layers = specc.load(bundle).bundle.graph("target").facts["weight_quant"]["layers"]
     assert layers == {"gguf:Q4_1 int4 block 32 +offsets": 210, "gguf:Q8_0 int8 block 32": 1}

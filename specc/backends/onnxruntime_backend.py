@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,11 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
     runs_bundle_code = None  # ONNX graphs are data; ONNX Runtime loads no custom-op libraries from a bundle
 
+    def __init__(self):
+        # program -> the graph directory holding its plain ONNX export: a second role lowered from the
+        # same program (the quantized draft) copies that export instead of exporting again
+        self._exported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
     def availability(self) -> tuple[bool, str]:
         try:
             import onnx
@@ -41,7 +48,12 @@ class OnnxRuntimeBackend:
         import onnxruntime
 
         path = out_dir / FILE
-        export_onnx(program, path, input_names, output_names, OPSET)
+        earlier = self._exported.get(program)
+        if earlier is not None and (earlier / FILE).is_file():
+            for name in sorted(p.name for p in earlier.iterdir()):
+                shutil.copyfile(earlier / name, out_dir / name)
+        else:
+            export_onnx(program, path, input_names, output_names, OPSET)
         files = sorted(p.name for p in out_dir.iterdir())
         entry, facts = FILE, {}
         if options.weight_quant is not None:
@@ -56,6 +68,8 @@ class OnnxRuntimeBackend:
             for name in files:
                 (out_dir / name).unlink()
             files = sorted(p.name for p in out_dir.iterdir())
+        if entry == FILE:
+            self._exported[program] = out_dir
         versions = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
         return {"entry": entry, "files": files, "versions": versions, "opset": opset_of(out_dir / entry),
                 "fused_ops": fused_op_counts(out_dir / entry), **facts}

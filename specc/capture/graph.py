@@ -73,6 +73,7 @@ class StepGraph:
     notes: list[str] = field(default_factory=list)  # what each pass did, for the manifest
     head: dict = field(default_factory=dict)  # final-norm and logit facts (norm kind, eps, offset, hidden size,
     # logits divisor, final soft-cap) for head-adding passes
+    exported: ExportedProgram | None = field(default=None, repr=False)  # the capture, while no pass has edited gm
 
     @classmethod
     def from_exported(cls, role: str, ep: ExportedProgram, inputs: list[InputSpec], outputs: list[str],
@@ -84,7 +85,7 @@ class StepGraph:
         gm.graph._codegen = torch.fx.graph.CodeGen()  # plain positional signature, editable
         gm._forward_pre_hooks.clear()  # the exported-input-spec check; passes change the inputs
         gm.recompile()
-        return cls(role, gm, inputs, outputs, ranges, dims)
+        return cls(role, gm, inputs, outputs, ranges, dims, exported=ep)
 
     # -- editing helpers used by passes -------------------------------------------------
     def placeholder(self, name: str) -> Node:
@@ -100,6 +101,7 @@ class StepGraph:
             node = self.gm.graph.placeholder(spec.name)
         node.meta["val"] = spec.example
         self.inputs.append(spec)
+        self.exported = None
         return node
 
     def output_nodes(self) -> list[Node]:
@@ -122,6 +124,7 @@ class StepGraph:
         (out,) = self.gm.graph.find_nodes(op="output")
         out.args = (tuple(nodes),)
         self.outputs = list(names)
+        self.exported = None
 
     def finish_edit(self) -> None:
         """Remove dead nodes, lint the graph and regenerate code after a pass.
@@ -134,10 +137,14 @@ class StepGraph:
         self.gm.graph.lint()
         self.gm.delete_all_unused_submodules()
         self.gm.recompile()
+        self.exported = None
 
     # -- export -------------------------------------------------------------------------
     def export(self) -> ExportedProgram:
-        return export_module(self.gm, self.inputs, self.ranges)
+        """The program backends lower: the capture itself when no pass edited the graph, else gm traced again."""
+        if self.exported is None:
+            self.exported = export_module(self.gm, self.inputs, self.ranges)
+        return self.exported
 
     def signature(self) -> dict:
         return {"inputs": [i.signature(self.ranges) for i in self.inputs], "outputs": list(self.outputs)}

@@ -60,7 +60,9 @@ def test_replace_causal_mask_verifies_a_tree_like_its_paths(hf):
 
 def test_replace_causal_mask_contract(hf):
     graph = capture("target", hf, dim_ranges(4, 64))
+    assert graph.export() is graph.exported is not None  # unedited: backends lower the capture itself
     ReplaceCausalMask()(graph)
+    assert graph.exported is None  # an edited graph is traced again before lowering
     with pytest.raises(PassContractError, match="requires the captured causal mask"):
         ReplaceCausalMask()(graph)
 

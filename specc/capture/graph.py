@@ -85,7 +85,9 @@ class StepGraph:
         gm.graph._codegen = torch.fx.graph.CodeGen()  # plain positional signature, editable
         gm._forward_pre_hooks.clear()  # the exported-input-spec check; passes change the inputs
         gm.recompile()
-        return cls(role, gm, inputs, outputs, ranges, dims, exported=ep)
+        # backends expect a tuple of outputs: a capture returning one bare tensor is traced again from gm
+        as_is = ep if ep.call_spec.out_spec is not None and ep.call_spec.out_spec.type in (tuple, list) else None
+        return cls(role, gm, inputs, outputs, ranges, dims, exported=as_is)
 
     # -- editing helpers used by passes -------------------------------------------------
     def placeholder(self, name: str) -> Node:

@@ -32,12 +32,17 @@ def test_policy_drafts_long_when_drafts_are_accepted_and_verify_is_cheap():
 
 
 def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
-    policy = AdaptiveK(4, probe_idle=5)
+    """Probes after 5 plain rounds, then after 10, 20, ... (up to probe_idle_max) while drafting does not pay;
+    back to 5 once it pays again."""
+    policy = AdaptiveK(4, probe_idle=5, probe_idle_max=20)
     _feed(policy, [0, 1], 0, 0, 0.010)
     for _ in range(10):
         _feed(policy, [0, 1], 4, 0, 0.020, draft=0.004)
-    ks = [policy.choose([0, 1]) for _ in range(10)]
-    assert ks.count(0) == 8 and ks[4] > 0 and ks[9] > 0, ks
+    ks = [policy.choose([0, 1]) for _ in range(80)]
+    assert [i for i, k in enumerate(ks) if k] == [4, 14, 34, 54, 74], ks
+    for _ in range(30):
+        _feed(policy, [0, 1], 4, 4, 0.011)
+    assert policy.choose([0, 1]) > 0 and policy.idle_gap == 5
 
 
 def test_policy_prices_rounds_at_the_batch_size():

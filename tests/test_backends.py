@@ -46,7 +46,8 @@ def _check(graph, runner, tol):
             assert (r - g).abs().max().item() <= tol * max(1.0, r.abs().max().item()), (b, t, s)
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "torch", "aoti"])
+# aoti compiles C++ (~15 s); test_lossless_aoti.py checks an AOTInductor bundle end to end in the default run
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch", pytest.param("aoti", marks=pytest.mark.heavy)])
 def test_engine_matches_eager(graph, backend, tmp_path):
     runner, entry = _lowered(graph, backend, tmp_path)
     _check(graph, runner, 1e-4)

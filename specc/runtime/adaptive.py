@@ -18,8 +18,10 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
 
 The best k runs. A batch size never seen before first runs one plain round (the intercept of its
 line); every `probe_every`-th round runs a neighbour of the best k instead, and while k = 0 wins
-every `probe_idle`-th round drafts with the best k >= 1 (a plain round measures no acceptance),
-so acceptance and costs that change are noticed. The choice depends only on
+a round drafts with the best k >= 1 after `probe_idle` plain rounds (a plain round measures no
+acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
+falling back when drafting wins again, so acceptance and costs that change are noticed without
+paying for a probe every few rounds where drafting never pays (a large batch). The choice depends only on
 rounds that are finished (their accepted counts and timings), never on the current round's
 drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
 target's and sampled output has the target's distribution whatever sequence of k the policy picks.
@@ -75,13 +77,14 @@ class _Line:
 class AdaptiveK:
     """Chooses k per round; feed it every finished round with `observe`."""
 
-    def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4, decay: float = 0.95,
-                 ema: float = 0.3,
+    def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4,
+                 probe_idle_max: int = 64, decay: float = 0.95, ema: float = 0.3,
                  prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25):
         if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
             raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
         self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
-        self.probe_every, self.probe_idle = probe_every, probe_idle
+        self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
+        self.idle_gap = probe_idle  # plain rounds before the next probe
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.alpha = prior_alpha  # acceptance of all rows (moving average): the prior of new rows
         self.hit_rate = 1.0
@@ -102,11 +105,14 @@ class AdaptiveK:
             rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
             best = max(rates, key=rates.get)
             self.idle = self.idle + 1 if best == 0 else 0
-            if best == 0 and self.idle % self.probe_idle == 0:  # plain decoding learns nothing: draft now and then
+            if best == 0 and self.idle >= self.idle_gap:  # plain decoding learns nothing: draft now and then
                 best = max(range(1, self.k_max + 1), key=rates.get)
-            elif best and self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
-                self.probe_up = not self.probe_up
-                best = min(best + 1, self.k_max) if self.probe_up else best - 1
+                self.idle, self.idle_gap = 0, min(2 * self.idle_gap, self.probe_idle_max)
+            elif best:
+                self.idle_gap = self.probe_idle
+                if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
+                    self.probe_up = not self.probe_up
+                    best = min(best + 1, self.k_max) if self.probe_up else best - 1
         self.chosen.append(best)
         return best
 

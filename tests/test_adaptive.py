@@ -46,15 +46,15 @@ def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
 
 
 def test_policy_prices_rounds_at_the_batch_size():
-    """Verify cost that grows with the batch: long drafts pay at batch 1 but not at batch 8."""
+    """Verify cost that grows with the batch: drafting pays at batch 1 but not at batch 8."""
     policy = AdaptiveK(4)
     one, eight = [0], list(range(8))
     for _ in range(5):
         _feed(policy, one, 0, 0, 0.010)
         _feed(policy, one, 4, 2, 0.012)
         _feed(policy, eight, 0, 0, 0.020)
-        _feed(policy, eight, 4, 2, 0.080)
-    assert policy.choose(one) == 4
+        _feed(policy, eight, 4, 2, 0.120)
+    assert policy.choose(one) == 2  # draft 3 is never accepted: drafting it would only cost
     assert policy.choose(eight) == 0
 
 
@@ -63,7 +63,20 @@ def test_new_rows_start_from_the_acceptance_of_all_rows():
     for _ in range(20):
         _feed(policy, [0], 4, 0, 0.01)
     alpha_new, _ = policy.row_estimates(99)
-    assert alpha_new < 0.1
+    assert alpha_new == pytest.approx(policy.conditional()[1]) and alpha_new < 0.15  # not the prior's 0.5
+
+
+def test_acceptance_is_learned_per_position():
+    """Prompt-lookup-like rounds: the first draft is accepted half the time, but a run that starts is
+    copied to the end: the first position's acceptance stays near 0.5, the later ones near 1, and the
+    policy drafts the longest chain."""
+    policy = AdaptiveK(8)
+    _feed(policy, [0], 0, 0, 0.010)
+    for i in range(40):
+        _feed(policy, [0], 8, 8 if i % 2 else 0, 0.010 + 8 * 0.0005)
+    c = policy.conditional()
+    assert c[1] == pytest.approx(0.5, abs=0.1) and min(c[2:]) > 0.8
+    assert policy.choose([0]) == 8
 
 
 class FlippingK(AdaptiveK):

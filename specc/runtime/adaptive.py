@@ -4,11 +4,15 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
 
     throughput(k) = sum over rows b of tokens_b(k)  /  T(B, k)
 
-- tokens_b(k) = h_b E(alpha_b, k) + (1 - h_b), with E the expected tokens of a round of k drafts
-  (`specc tune`'s formula, Leviathan et al. 2023), alpha_b the row's per-token acceptance over
-  its recent rounds (smoothed towards the acceptance of all rows, so new rows start from it) and
-  h_b the fraction of its recent rounds that had a draft at all (prompt lookup may find none).
-  k = 0 is plain decoding: 1 token per row.
+- tokens_b(k) = h_b (1 + sum_{i<=k} alpha_b c_2 ... c_i) + (1 - h_b): c_i is the acceptance of
+  draft i given that drafts 1..i-1 were accepted, measured per position over the recent rounds
+  of all rows (a drafter's acceptance is not the same at every position: prompt lookup copies
+  whole runs, so its later drafts are accepted more often than its first; with every c_i equal
+  this is `specc tune`'s E(alpha, k)); alpha_b is the row's own acceptance of its first draft over
+  its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
+  fraction of its recent rounds that had a draft at all (prompt lookup may find none). Each c_i
+  is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
+  the ones before. k = 0 is plain decoding: 1 token per row.
 - T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
   with the tokens verified) as a line in the width w actually verified, fitted per batch size B
   by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
@@ -32,7 +36,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..limits import MAX_K
-from ..speculation.speedup import expected_tokens
 
 
 @dataclass
@@ -86,7 +89,9 @@ class AdaptiveK:
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
         self.idle_gap = probe_idle  # plain rounds before the next probe
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
-        self.alpha = prior_alpha  # acceptance of all rows (moving average): the prior of new rows
+        self.prior_alpha = prior_alpha
+        self.judged = [0.0] * (k_max + 1)  # per draft position (1-based), decayed: rounds that reached it
+        self.accepted = [0.0] * (k_max + 1)  # ... and accepted it
         self.hit_rate = 1.0
         self.lines: dict[int, _Line] = {}  # batch size -> round seconds against width verified
         self.rows: dict[int, deque] = {}  # request index -> its recent (accepted, judged, had_draft)
@@ -121,19 +126,32 @@ class AdaptiveK:
         estimates = [self.row_estimates(r) for r in rows]
         if k == 0:
             return len(rows) / self.round_seconds(len(rows), 0.0)
-        tokens = sum(h * expected_tokens(alpha, k) + 1 - h for alpha, h in estimates)
+        c = self.conditional()
+        reach = [1.0]  # reach[i]: chance that drafts 2..i+1 are accepted given the first was
+        for i in range(2, k + 1):
+            reach.append(reach[-1] * c[i])
+        after_first = sum(reach)
+        tokens = sum(h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates)
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h
         return tokens / self.round_seconds(len(rows), k * (1 - miss))
 
+    def conditional(self) -> list[float]:
+        """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
+        c, prior, w = [1.0], self.prior_alpha, self.prior_weight
+        for i in range(1, self.k_max + 1):
+            prior = min((self.accepted[i] + w * prior) / (self.judged[i] + w), 0.99)
+            c.append(prior)
+        return c
+
     def row_estimates(self, row: int) -> tuple[float, float]:
-        """(alpha, hit rate) of a row: its recent rounds, smoothed towards all rows'."""
+        """(acceptance of the first draft, hit rate) of a row: its recent rounds, smoothed towards all rows'."""
         acc = judged = hits = n = 0
         for a, j, h in self.rows.get(row, ()):
             acc, judged, hits, n = acc + a, judged + j, hits + h, n + 1
         w = self.prior_weight
-        alpha = (acc + w * self.alpha) / (judged + w)
+        alpha = (acc + w * self.conditional()[1]) / (judged + w)
         hit = (hits + w * self.hit_rate) / (n + w)
         return min(alpha, 0.99), hit
 
@@ -167,11 +185,11 @@ class AdaptiveK:
         self.rows = {r: s for r, s in self.rows.items() if r in live}
         if record.k == 0:
             return
-        acc_all = judged_all = 0
+        self.judged = [x * self.decay for x in self.judged]
+        self.accepted = [x * self.decay for x in self.accepted]
         for row, d, n in zip(record.rows, record.n_draft, record.n_accepted):
-            judged = n + (n < d)
-            self.rows.setdefault(row, deque(maxlen=self.window)).append((n, judged, d > 0))
-            acc_all, judged_all = acc_all + n, judged_all + judged
-        if judged_all:
-            self.alpha += self.ema * (acc_all / judged_all - self.alpha)
+            self.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
+            for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
+                self.judged[i] += 1
+                self.accepted[i] += i <= n
         self.hit_rate += self.ema * (sum(d > 0 for d in record.n_draft) / b - self.hit_rate)

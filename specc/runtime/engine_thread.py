@@ -31,7 +31,7 @@ class EngineThread:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Ask the thread to stop after its current round and wait for it."""
         self._closing.set()
         if self.thread.is_alive():

@@ -64,9 +64,6 @@ class AsyncEngine(EngineThread):
         self._next_index = itertools.count()
 
     # -- the event loop's side -----------------------------------------------------------------
-    def close(self, timeout: float = 10.0) -> None:
-        self.stop(timeout)
-
     @property
     def queue_depth(self) -> int:
         """Sequences waiting for a batch row (submitted, not yet prefilled)."""

@@ -59,7 +59,7 @@ class Orchestrator(EngineThread):
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; requests still open get an error response."""
-        self.stop(timeout)
+        super().close(timeout)
         pending = [sender for _, sender, _ in self.drain()] + [live.sender for live in self.live.values()]
         for sender in pending:
             self._fail(sender, "the model is being unloaded; the request was not finished", self.pb.TritonError.UNAVAILABLE)

@@ -139,7 +139,7 @@ def expand_level(trees: list[DraftTree], frontier: list[list[int]], logits: torc
 
 
 def _expand_node(tree: DraftTree, frontier: list[int], probs: torch.Tensor | None, logq: torch.Tensor,
-            shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
+                 shape: TreeShape, level: int, noise: torch.Tensor) -> list[int]:
     """Add children to this level's frontier nodes; returns the new nodes.
 
     probs [F, V]: the draft distribution at each frontier node (sampled rows), None for greedy

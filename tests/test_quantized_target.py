@@ -234,3 +234,14 @@ def test_tensorrt_weight_only_form(kind):
     nbits = one_linear_graph(w, opset=18)
     quantize_linear_layers(nbits, QuantConfig(4, 32))
     assert "DequantizeLinear → MatMul" in check_onnx(nbits).message()
+
+
+def test_eval_cli_reports_the_quantised_target(quantized_bundles, capsys, tmp_path):
+    """`specc eval` on an int4 bundle: agreement with float32 and perplexity, labelled with the quantisation."""
+    from specc.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(quantized_bundles["int4"]), "--prompt", "the quick brown fox jumps over the lazy dog " * 3,
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "target int4 block 32" in printed and out.is_file()

@@ -94,9 +94,10 @@ def text_chunks(model, path: str | Path, chunk_tokens: int) -> list[list[int]]:
 
 
 def _label(model) -> str:
-    q = model.bundle.graph("target").get("weight_quant")
+    graph = model.bundle.graph("target")
+    q = graph.facts.get("weight_quant")
     if q is None:
-        return "target (" + (model.bundle.graph("target").get("quantize") or "float32") + ")"
+        return "target (" + (graph.quantize or "float32") + ")"
     return f"target int{q['bits']} block {q['block_size']} acc {q['accuracy_level']}"
 
 

@@ -201,7 +201,7 @@ def test_family_drafter_backend_matrix(name, drafter, backend, tmp_path):
     draft, speculation = _drafter(drafter, target, tmp_path)
     bundle = build_bundle(tmp_path / "bundle", target, draft, backend=backend, speculation=speculation,
                           limits={"max_batch": 4, "max_context": 64})
-    model = specc.load(bundle)
+    model = specc.load(bundle, trust_code=True)  # a bundle this test built (aoti loads native code)
     prompts = [p * 2 for p in prompts_of(8, seed=2)]  # repeats give prompt lookup something to find
     fast = model.generate(prompts, max_new_tokens=N_NEW)
     slow = model.generate(prompts, max_new_tokens=N_NEW, speculative=False)

@@ -106,6 +106,16 @@ def hf_incremental_greedy(hf, prompt: list[int], n_new: int) -> list[int]:
     return tokens
 
 
+def assert_speculation_matches_hf(model, target, name: str, prompts: list, **speculation) -> None:
+    """Speculative greedy output equals target-only, and target-only agrees with Hugging Face greedy."""
+    fast = model.generate(prompts, max_new_tokens=N_NEW, **speculation)
+    slow = model.generate(prompts, max_new_tokens=N_NEW, speculative=False)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
+    hf = load_hf(target, name)
+    for prompt, c in zip(prompts, slow):
+        assert_prefix_until_eos(c.token_ids, hf_greedy(hf, prompt, N_NEW))
+
+
 @pytest.mark.parametrize(("name", "overrides"), CASES, ids=[_case_id(c.values if hasattr(c, "values") else c) for c in CASES])
 def test_family_matches_hugging_face(name, overrides):
     hf = tiny_hf(name, layers=3, **overrides)
@@ -150,15 +160,7 @@ def test_family_compiled_speculation_matches_hugging_face(name, tmp_path):
     draft = derive_draft(target, tmp_path / "draft", layers=1)
     bundle = build_bundle(tmp_path / "bundle", target, {"method": "model", "model": str(draft)},
                           limits={"max_batch": 4, "max_context": 64})
-    model = specc.load(bundle)
-    prompts = prompts_of(8, seed=1)
-    fast = model.generate(prompts, max_new_tokens=N_NEW, k=3)
-    slow = model.generate(prompts, max_new_tokens=N_NEW, speculative=False)
-    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
-    hf = load_hf(target, name)
-    for prompt, c in zip(prompts, slow):
-        ref = hf_greedy(hf, prompt, N_NEW)
-        assert_prefix_until_eos(c.token_ids, ref)
+    assert_speculation_matches_hf(specc.load(bundle), target, name, prompts_of(8, seed=1), k=3)
 
 
 def test_unsupported_configs_are_named():
@@ -203,13 +205,7 @@ def test_family_drafter_backend_matrix(name, drafter, backend, tmp_path):
                           limits={"max_batch": 4, "max_context": 64})
     model = specc.load(bundle, trust_code=True)  # a bundle this test built (aoti loads native code)
     prompts = [p * 2 for p in prompts_of(8, seed=2)]  # repeats give prompt lookup something to find
-    fast = model.generate(prompts, max_new_tokens=N_NEW)
-    slow = model.generate(prompts, max_new_tokens=N_NEW, speculative=False)
-    assert [c.token_ids for c in fast] == [c.token_ids for c in slow]
-    hf = load_hf(target, name)
-    for prompt, c in zip(prompts, slow):
-        ref = hf_greedy(hf, prompt, N_NEW)
-        assert_prefix_until_eos(c.token_ids, ref)
+    assert_speculation_matches_hf(model, target, name, prompts)
 
 
 def test_models_check_cli(tmp_path, capsys):

@@ -80,14 +80,17 @@ def test_acceptance_is_learned_per_position():
 
 
 class FlippingK(AdaptiveK):
-    """A policy that changes k every round (0 included), in a fixed pseudo-random order."""
+    """A policy that changes k every round (0 included), in a fixed pseudo-random order; some of its
+    drafting rounds are idle probes (a draft model skips rows whose context it has not taken in)."""
 
     def __init__(self, k_max: int):
         super().__init__(k_max)
         self.order = itertools.cycle([3, 0, 1, 4, 2, 0, 4, 1, 1, 3, 0, 2])
+        self.probes = itertools.cycle([False, True, False, True, False])
 
     def choose(self, rows):
         k = min(next(self.order), self.k_max)
+        self.idle_probe = bool(k) and next(self.probes)
         self.chosen.append(k)
         return k
 
@@ -120,6 +123,29 @@ def test_flipping_policy_really_flips(bundles, prompts, monkeypatch):
         scheduler.step()
     chosen = scheduler.policy.chosen
     assert len(set(chosen)) >= 4 and sum(a != b for a, b in zip(chosen, chosen[1:])) > len(chosen) // 2
+
+
+def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monkeypatch):
+    """A draft model takes in a prompt only in the first round that drafts for its row (none at
+    admission); an idle probe leaves rows it has not taken in without drafts. With the target as its
+    own draft every draft made must still be accepted (a catch-up at wrong positions would not be),
+    and the output is the target's."""
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    model = specc.load(bundles["self"])
+    scheduler = Scheduler(model, k="auto")
+    for i, ids in enumerate(model.encode(prompts[:10])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    done = {e.index: list(e.token_ids) for e in scheduler._admit()}
+    assert scheduler.batch.draft_cache.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
+    skipped = 0
+    while scheduler.busy:
+        for event in scheduler.step():
+            done.setdefault(event.index, []).extend(event.token_ids)
+        skipped += len(scheduler.last_round.skipped) if scheduler.last_round else 0
+    assert skipped > 0 and scheduler.stats.speculation.drafted > 0
+    assert scheduler.stats.speculation.accepted == scheduler.stats.speculation.drafted
+    slow = model.generate(prompts[:10], max_new_tokens=20, speculative=False)
+    assert [done[i] for i in range(10)] == [c.token_ids for c in slow]
 
 
 def test_auto_k_bad_values_are_refused(bundles):

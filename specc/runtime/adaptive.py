@@ -25,7 +25,9 @@ line); every `probe_every`-th round runs a neighbour of the best k instead, and 
 a round drafts with the best k >= 1 after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
 falling back when drafting wins again, so acceptance and costs that change are noticed without
-paying for a probe every few rounds where drafting never pays (a large batch). The choice depends only on
+paying for a probe every few rounds where drafting never pays (a large batch). Such a probe
+drafts only for rows the drafter already took in (`idle_probe`: a draft model's prefill is lazy,
+so rows that joined while k = 0 won are not prefilled in the draft just to measure). The choice depends only on
 rounds that are finished (their accepted counts and timings), never on the current round's
 drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
 target's and sampled output has the target's distribution whatever sequence of k the policy picks.
@@ -33,7 +35,7 @@ target's and sampled output has the target's distribution whatever sequence of k
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..limits import MAX_K
 
@@ -49,6 +51,7 @@ class RoundRecord:
     draft_seconds: float
     target_seconds: float
     seconds: float  # the whole round, host work included (admission/prefill excluded)
+    skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
 
 
 class _Line:
@@ -98,12 +101,14 @@ class AdaptiveK:
         self.round_no = 0
         self.idle = 0  # rounds at k = 0 in a row
         self.probe_up = False  # probes alternate between the best k - 1 and + 1
+        self.idle_probe = False  # the latest choice drafts only to measure while k = 0 wins
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int]) -> int:
         """k for the next round of a batch whose rows are these request indices."""
         self.round_no += 1
+        self.idle_probe = False
         if len(rows) not in self.lines:
             best = 0  # a batch size never seen: measure plain decoding first, the intercept of its line
         else:
@@ -113,6 +118,7 @@ class AdaptiveK:
             if best == 0 and self.idle >= self.idle_gap:  # plain decoding learns nothing: draft now and then
                 best = max(range(1, self.k_max + 1), key=rates.get)
                 self.idle, self.idle_gap = 0, min(2 * self.idle_gap, self.probe_idle_max)
+                self.idle_probe = True
             elif best:
                 self.idle_gap = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
@@ -183,13 +189,18 @@ class AdaptiveK:
         self.lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
         live = set(record.rows)
         self.rows = {r: s for r, s in self.rows.items() if r in live}
-        if record.k == 0:
+        skipped = set(record.skipped)
+        if record.k == 0 or len(skipped) == b:
             return
         self.judged = [x * self.decay for x in self.judged]
         self.accepted = [x * self.decay for x in self.accepted]
-        for row, d, n in zip(record.rows, record.n_draft, record.n_accepted):
+        for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
+            if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
+                continue
             self.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
             for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
                 self.judged[i] += 1
                 self.accepted[i] += i <= n
-        self.hit_rate += self.ema * (sum(d > 0 for d in record.n_draft) / b - self.hit_rate)
+        drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
+        if drafted:
+            self.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - self.hit_rate)

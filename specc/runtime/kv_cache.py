@@ -65,6 +65,22 @@ class KVCache:
         self.v = self.v.index_select(1, rows).contiguous()
         self.lengths = self.lengths.index_select(0, rows)
 
+    def take(self, rows: list[int]) -> "KVCache":
+        """A copy of these rows (e.g. to run a few rows through a graph without the others)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.lengths.device)
+        sub = KVCache(self.dims, 0, self.max_context, self.lengths.device)
+        sub.k, sub.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        sub.lengths = self.lengths.index_select(0, index)
+        return sub
+
+    def put(self, rows: list[int], sub: "KVCache") -> None:
+        """Write back rows taken with `take` (and extended since)."""
+        self.ensure(sub.capacity)
+        index = torch.tensor(rows, dtype=torch.long, device=self.lengths.device)
+        self.k[:, index, :, :sub.capacity] = sub.k
+        self.v[:, index, :, :sub.capacity] = sub.v
+        self.lengths[index] = sub.lengths
+
     def extend(self, other: "KVCache") -> None:
         """Append other's rows along the batch axis, padding the smaller capacity."""
         self.ensure(other.capacity)

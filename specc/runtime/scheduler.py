@@ -105,18 +105,23 @@ class Scheduler:
         start = time.perf_counter()
         events = self._drop_cancelled() + self._admit()
         if self.batch is not None:
-            round_start, before = time.perf_counter(), (self.stats.draft_seconds, self.stats.target_seconds)
+            round_start = time.perf_counter()
+            before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts = self.k, None
+            k, counts, skipped = self.k, None, []
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
-                new_tokens, counts = self._speculative_round(self.batch, k)
+                # a probe of a policy that plain-decodes does not make the drafter take in new rows' context
+                warm = not (self.policy and self.policy.idle_probe)
+                new_tokens, counts, skipped = self._speculative_round(self.batch, k, warm)
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
             n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
+            caught_up = self.stats.prefill_seconds - before[2]  # a lazy draft prefill is not this round's cost
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
-                                          self.stats.target_seconds - before[1], time.perf_counter() - round_start)
+                                          self.stats.target_seconds - before[1],
+                                          time.perf_counter() - round_start - caught_up, skipped)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -156,13 +161,17 @@ class Scheduler:
         cache.commit(verdict.new_k, verdict.new_v, torch.ones_like(cache.lengths))
         return [[t] for t in verdict.next_token.tolist()]
 
-    def _speculative_round(self, batch: Batch, k: int) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+    def _speculative_round(self, batch: Batch, k: int, warm: bool = True
+                           ) -> tuple[list[list[int]], tuple[list[int], list[int]], list[int]]:
         """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV.
 
-        Returns each row's new tokens and the (drafted, accepted) counts of every row."""
+        Returns each row's new tokens, the (drafted, accepted) counts of every row and the rows
+        the drafter skipped (not warm)."""
         cache = batch.cache
         with self._timed("draft_seconds"):
-            proposal = self.drafter.propose(batch, k, batch.params)  # may propose fewer than k
+            proposal = self.drafter.propose(batch, k, batch.params, warm)  # may propose fewer than k
+        self.stats.draft_seconds -= proposal.catch_up_seconds  # a draft model's lazy prefill
+        self.stats.prefill_seconds += proposal.catch_up_seconds
         with self._timed("target_seconds"):
             width = proposal.tokens.shape[1]
             cache.ensure(int(cache.lengths.max()) + width + 1)
@@ -178,7 +187,7 @@ class Scheduler:
                                          proposal.tokens.tolist()):
             seq.stats.record(d, n, proposal.source)
             out.append(drafted[:n] + [t])
-        return out, counts
+        return out, counts, proposal.skipped
 
     def _tree_round(self, batch: Batch) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
         """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path.

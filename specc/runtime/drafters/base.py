@@ -5,7 +5,7 @@ on the batch (`Batch.draft_cache`), so batches can grow and shrink under it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -24,13 +24,18 @@ class Proposal:
     tokens [B, W] drafted tokens (W <= k, rows right-padded); q [B, W, V] the distributions they
     were drawn from (None when every row is greedy); lengths [B] valid drafts per row (0: nothing
     to verify); source: who drafted them (the drafter's kind, or "lookup" for a prompt-lookup
-    round in front of a draft model), for the statistics.
+    round in front of a draft model), for the statistics; skipped: rows left without drafts
+    because the drafter has not taken in their context yet and was told not to (`propose(warm=False)`,
+    for a round that only probes whether drafting pays); catch_up_seconds: time spent entering
+    context the drafter had not taken in (a lazy prefill, not the cost of this round's drafts).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None
     lengths: torch.Tensor
     source: str
+    skipped: list[int] = field(default_factory=list)
+    catch_up_seconds: float = 0.0
 
 
 @dataclass
@@ -65,8 +70,10 @@ class Drafter:
         """Called once the prompts' target pass is committed, with its verdict (`extra` holds further
         outputs of the target graph over the prompt tokens, e.g. `features`): for drafters that read them."""
 
-    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
-        """Up to k draft tokens per row, drawn with each row's own noise."""
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+        """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that
+        takes in a row's context lazily (a draft model's prefill) may skip rows it has not taken in yet,
+        for a round that only probes whether drafting pays."""
         raise NotImplementedError
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:

@@ -39,7 +39,7 @@ class PromptLookupDrafter(Drafter):
                     return tokens[start + n:start + n + k]
         return []
 
-    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
 
     def drafts(self, found: list[list[int]], params: RowParams, device: torch.device, source: str) -> Proposal:
@@ -78,11 +78,11 @@ class LookupFirstDrafter(Drafter):
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.model.prefill(batch, ids, lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
         if all(found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device, LOOKUP)
-        return self.model.propose(batch, k, params)
+        return self.model.propose(batch, k, params, warm)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)

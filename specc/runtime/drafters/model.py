@@ -2,6 +2,7 @@
 cache of its own, and the early-exit draft that reads the target's cache."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -14,8 +15,17 @@ from ..step import StepRunner, pad_right
 from .base import DraftContext, Drafter, Proposal
 
 
+CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
+
+
 class ModelDrafter(Drafter):
-    """A draft step graph with its own KV cache (`Batch.draft_cache`), kept in step with the target's tokens."""
+    """A draft step graph with its own KV cache (`Batch.draft_cache`), kept in step with the target's tokens.
+
+    The cache fills lazily: a prompt enters it in the first round that drafts for its row, not at
+    admission, so requests that are never drafted for (adaptive k at 0, a probe that skips cold
+    rows) never pay for the draft's prefill. Rows far behind (new ones, or after plain rounds)
+    catch up in a call of their own before the round, so they do not widen the others' feed.
+    """
 
     kind = "model"
     supports_tree = True
@@ -28,33 +38,59 @@ class ModelDrafter(Drafter):
         return cls(ctx.open_graph(ctx.graph), ctx.max_context)
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
-        cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
-        cache.ensure(int(lengths.max()))
-        _, new_k, new_v = self.step(ids, cache, logit_index=torch.zeros_like(lengths)[:, None])
-        cache.commit(new_k, new_v, lengths)
-        batch.draft_cache = cache
+        batch.draft_cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
 
     def cache(self, batch: Batch) -> KVCache | LayerView:
         """The draft KV this batch's rounds extend."""
         return batch.draft_cache
+
+    def catch_up(self, batch: Batch, warm: bool = True) -> list[int]:
+        """Enter the tokens of rows far behind (all but the pending one) in a call over those rows only;
+        cold rows (nothing entered yet) only when `warm`. Returns the rows still cold."""
+        cache = self.cache(batch)
+        if not isinstance(cache, KVCache):
+            return []
+        lengths = cache.lengths.tolist()
+        cold = [b for b, n in enumerate(lengths) if n == 0 and not warm]
+        rows = [b for b, (s, n) in enumerate(zip(batch.seqs, lengths))
+                if len(s.tokens) - n > CATCH_UP or (n == 0 and warm)]
+        if rows:
+            sub = cache.take(rows)
+            feed, n_feed = pad_right([batch.seqs[b].tokens[lengths[b]:-1] for b in rows], cache.lengths.device)
+            sub.ensure(int(sub.lengths.max()) + feed.shape[1])
+            _, new_k, new_v = self.step(feed, sub, logit_index=torch.zeros_like(n_feed)[:, None])
+            sub.commit(new_k, new_v, n_feed)
+            cache.put(rows, sub)
+        return cold
 
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
         if batch.draft_cache is not None:
             batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+        start = time.perf_counter()
+        cold = self.catch_up(batch, warm)
+        caught_up = time.perf_counter() - start
         cache = self.cache(batch)
-        # Feed what the draft cache lacks: the pending token, and after a fully accepted
-        # round also the last draft token (its KV was never computed).
+        if len(cold) == len(batch.seqs):  # nothing to draft from: an empty proposal, a plain round
+            empty = torch.zeros(len(cold), 0, dtype=torch.long, device=cache.lengths.device)
+            q = None if params.all_greedy else torch.zeros(*empty.shape, self.step.dims.vocab_size, device=empty.device)
+            return Proposal(empty, q, torch.zeros_like(cache.lengths), self.kind, cold, caught_up)
+        # Feed what the draft cache lacks: the pending token, and after a fully accepted round also
+        # the last draft token (its KV was never computed). Cold rows run along on their pending
+        # token, commit nothing and propose nothing.
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
+        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[n:]
+                                  for b, (s, n) in enumerate(zip(batch.seqs, lengths))], cache.lengths.device)
+        drafting = torch.ones_like(n_feed)
+        drafting[cold] = 0
         cache.ensure(max(lengths) + feed.shape[1] + k)
         noise = batch.noise(k)
         tokens, probs = [], []
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         for i in range(k):
-            cache.commit(new_k, new_v, n_feed)
+            cache.commit(new_k, new_v, n_feed * drafting)
             tok, q = choose(logits[:, 0], params, noise[:, i])
             tokens.append(tok)
             probs.append(q)
@@ -62,7 +98,7 @@ class ModelDrafter(Drafter):
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, torch.full_like(n_feed, k), self.kind)
+        return Proposal(torch.stack(tokens, 1), q, k * drafting, self.kind, cold, caught_up)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).
@@ -71,6 +107,7 @@ class ModelDrafter(Drafter):
         each further call runs all drafted nodes with their ancestor mask at depth-based
         positions, reading logits at the newest level only.
         """
+        self.catch_up(batch)
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
         feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
@@ -91,6 +128,7 @@ class ModelDrafter(Drafter):
         return trees
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
+        self.catch_up(batch)
         cache, pending = self.cache(batch), batch.pending[:, None]
         first = torch.zeros_like(pending)
         return lambda: self.step(pending, cache, logit_index=first)

@@ -3,7 +3,7 @@ one line in REGISTRY."""
 from __future__ import annotations
 
 from ...errors import BundleError
-from .base import DraftContext, Drafter, Proposal
+from .base import DraftContext, Drafter, GraphDrafter, Proposal
 from .heads import EagleDrafter, MedusaDrafter
 from .lookup import LookupFirstDrafter, PromptLookupDrafter
 from .model import ModelDrafter, SharedCacheDrafter
@@ -31,5 +31,5 @@ def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
     return drafter
 
 
-__all__ = ["REGISTRY", "DraftContext", "Drafter", "EagleDrafter", "MedusaDrafter", "LookupFirstDrafter", "ModelDrafter", "PromptLookupDrafter",
+__all__ = ["REGISTRY", "DraftContext", "Drafter", "GraphDrafter", "EagleDrafter", "MedusaDrafter", "LookupFirstDrafter", "ModelDrafter", "PromptLookupDrafter",
            "Proposal", "SharedCacheDrafter", "build_drafter"]

@@ -88,3 +88,15 @@ class Drafter:
         """A call that does one unit of drafting work on this batch (one draft-graph step of one
         token, or one lookup of k tokens) without changing any state: what `specc tune` times."""
         raise NotImplementedError
+
+
+class GraphDrafter(Drafter):
+    """A drafter that runs one draft graph of its bundle (the recipe's draft model, early-exit layers
+    or a learned head)."""
+
+    def __init__(self, step: StepRunner, max_context: int):
+        self.step, self.max_context = step, max_context
+
+    @classmethod
+    def build(cls, ctx: DraftContext) -> "GraphDrafter":
+        return cls(ctx.open_graph(ctx.graph), ctx.max_context)

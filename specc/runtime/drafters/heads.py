@@ -23,8 +23,8 @@ from ...speculation.sampling import RowParams, choose
 from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache
 from ..state import Batch
-from ..step import StepRunner, pad_right
-from .base import DraftContext, Drafter, Proposal
+from ..step import pad_right
+from .base import GraphDrafter, Proposal
 
 
 class LastFeatures:
@@ -40,18 +40,11 @@ class LastFeatures:
         self.last = torch.cat([self.last, other.last])
 
 
-class MedusaDrafter(Drafter):
+class MedusaDrafter(GraphDrafter):
     """Medusa heads: one call of the head graph per round drafts every position (chain or tree)."""
 
     kind = "medusa"
     supports_tree = True
-
-    def __init__(self, step: StepRunner):
-        self.step = step
-
-    @classmethod
-    def build(cls, ctx: DraftContext) -> "MedusaDrafter":
-        return cls(ctx.open_graph(ctx.graph))
 
     def heads(self, batch: Batch) -> torch.Tensor:
         """[B, N, V] logits of every head at each row's last committed token."""
@@ -111,19 +104,12 @@ class EagleCache(KVCache):
         self.todo += other.todo
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(GraphDrafter):
     """The EAGLE draft layer: chains drafted autoregressively, or EAGLE-2 style trees grown by draft
     confidence within the node budget (dynamic) or along static paths."""
 
     kind = "eagle"
     supports_tree = True
-
-    def __init__(self, step: StepRunner, max_context: int):
-        self.step, self.max_context = step, max_context
-
-    @classmethod
-    def build(cls, ctx: DraftContext) -> "EagleDrafter":
-        return cls(ctx.open_graph(ctx.graph), ctx.max_context)
 
     def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)

@@ -11,14 +11,14 @@ from ...speculation.sampling import RowParams, choose
 from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
-from ..step import StepRunner, pad_right
-from .base import DraftContext, Drafter, Proposal
+from ..step import pad_right
+from .base import GraphDrafter, Proposal
 
 
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(GraphDrafter):
     """A draft step graph with its own KV cache (`Batch.draft_cache`), kept in step with the target's tokens.
 
     The cache fills lazily: a prompt enters it in the first round that drafts for its row, not at
@@ -29,13 +29,6 @@ class ModelDrafter(Drafter):
 
     kind = "model"
     supports_tree = True
-
-    def __init__(self, step: StepRunner, max_context: int):
-        self.step, self.max_context = step, max_context
-
-    @classmethod
-    def build(cls, ctx: DraftContext) -> "ModelDrafter":
-        return cls(ctx.open_graph(ctx.graph), ctx.max_context)
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         batch.draft_cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)

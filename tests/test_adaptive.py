@@ -58,6 +58,20 @@ def test_policy_prices_rounds_at_the_batch_size():
     assert policy.choose(eight) == 0
 
 
+def test_plain_rounds_are_priced_by_what_they_cost():
+    """Lookup in front of a draft model: rounds of the same width cost 12 or 30 ms (lookup or model), so
+    the cost line comes out flat and its intercept (~20 ms) is no price for a plain round (10 ms).
+    One draft accepted in every other round (1.5 tokens a round at ~20 ms) is slower than plain decoding."""
+    policy, rows = AdaptiveK(5), [0, 1, 2, 3]
+    _feed(policy, rows, 0, 0, 0.010)
+    for i in range(24):
+        _feed(policy, rows, (3, 4, 5)[i % 3], i % 2, (0.021, 0.030, 0.012)[i % 3])
+        if i % 8 == 0:
+            _feed(policy, rows, 0, 0, 0.010)
+    assert policy.predicted_throughput(rows, 0) == pytest.approx(400, rel=0.01)
+    assert policy.choose(rows) == 0
+
+
 def test_new_rows_start_from_the_acceptance_of_all_rows():
     policy = AdaptiveK(4)
     for _ in range(20):

@@ -18,10 +18,14 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
   host work). w(k) = k for a draft model; for prompt lookup a round is only as wide as the rows
   that found something, w(k) = k (1 - prod_b (1 - h_b)). A batch size whose slope is not known
-  yet borrows the ratio c/a from the nearest batch size that has one (or a prior).
+  yet borrows the ratio c/a from the nearest batch size that has one (or a prior). k = 0 is priced
+  by the plain rounds of that batch size themselves (a decayed mean), not by the line's intercept:
+  where drafting rounds differ in kind at the same width (prompt lookup in front of a draft model:
+  lookup rounds skip the model), the line may come out flat, and its intercept would make plain
+  decoding look as dear as drafting.
 
-The best k runs. A batch size never seen before first runs one plain round (the intercept of its
-line); every `probe_every`-th round runs a neighbour of the best k instead, and while k = 0 wins
+The best k runs. A batch size never seen before first runs one plain round; every
+`probe_every`-th round runs the best k + 1, the best k - 1 or 0 instead (in turn), and while k = 0 wins
 a round drafts with the best k >= 1 after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
 falling back when drafting wins again, so acceptance and costs that change are noticed without
@@ -52,6 +56,9 @@ class RoundRecord:
     target_seconds: float
     seconds: float  # the whole round, host work included (admission/prefill excluded)
     skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
+
+
+PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
 
 
 class _Line:
@@ -97,10 +104,11 @@ class AdaptiveK:
         self.accepted = [0.0] * (k_max + 1)  # ... and accepted it
         self.hit_rate = 1.0
         self.lines: dict[int, _Line] = {}  # batch size -> round seconds against width verified
+        self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
         self.rows: dict[int, deque] = {}  # request index -> its recent (accepted, judged, had_draft)
         self.round_no = 0
         self.idle = 0  # rounds at k = 0 in a row
-        self.probe_up = False  # probes alternate between the best k - 1 and + 1
+        self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1 and 0
         self.idle_probe = False  # the latest choice drafts only to measure while k = 0 wins
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
@@ -122,8 +130,8 @@ class AdaptiveK:
             elif best:
                 self.idle_gap = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
-                    self.probe_up = not self.probe_up
-                    best = min(best + 1, self.k_max) if self.probe_up else best - 1
+                    self.probes += 1
+                    best = (min(best + 1, self.k_max), best - 1, 0)[self.probes % 3]
         self.chosen.append(best)
         return best
 
@@ -162,7 +170,10 @@ class AdaptiveK:
         return min(alpha, 0.99), hit
 
     def round_seconds(self, b: int, width: float) -> float:
-        """Predicted seconds of a round at batch size b verifying `width` drafts per row."""
+        """Predicted seconds of a round at batch size b verifying `width` drafts per row; a plain
+        round (width 0) at a batch size that ran plain rounds costs what they cost."""
+        if width == 0 and b in self.plain:
+            return self.plain[b].fit()[0]
         if not self.lines:
             return 1.0 + self.prior_slope * width
         near = min(self.lines, key=lambda x: (abs(x - b), x))
@@ -187,6 +198,8 @@ class AdaptiveK:
         b = len(record.rows)
         width = max(record.n_draft, default=0) if record.k else 0
         self.lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
+        if width == 0:
+            self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
         live = set(record.rows)
         self.rows = {r: s for r, s in self.rows.items() if r in live}
         skipped = set(record.skipped)

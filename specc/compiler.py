@@ -225,7 +225,7 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
     if gguf is not None:
         from .backends.gguf_import import read_gguf_blocks
 
-        config.imported = read_gguf_blocks(gguf, bits)
+        config.imported = read_gguf_blocks(gguf, bits, tuple(spec.gguf_requantize))
     return config
 
 

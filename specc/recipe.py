@@ -23,6 +23,7 @@ BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
 DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
 DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  # methods whose bundle has a draft graph
 PRECISIONS = ("fp32", "fp16", "bf16")
+GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # GGUF blocks that map exactly onto MatMulNBits
 
 
 def _f(default: Any, help: str, *, choices: tuple = (), lo: float | None = None, hi: float | None = None,
@@ -56,6 +57,8 @@ class TargetSpec:
     gguf_blocks: bool = _f(True, "target.quantize with a GGUF source (file or catalog model): keep the GGUF's own quantised "
                                  "blocks where they map exactly onto MatMulNBits (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) instead of "
                                  "rounding the dequantised weights a second time")
+    gguf_requantize: list = _f([], "target.gguf_blocks: GGUF block types rounded again to target.quantize instead of kept "
+                                   "(e.g. [Q6_K]: kept, Q6_K blocks run as 8 bits; requantised, as int4 at a quality cost)")
 
 
 @dataclass(frozen=True)
@@ -210,11 +213,18 @@ def _check_consistency(r: Recipe) -> None:
     if r.target.quantize == "fp8" and r.backend != "tensorrt":
         raise RecipeError("target.quantize", "fp8 weights are for backend tensorrt; onnxruntime takes int8 or int4")
     if not r.target.quantize:
-        for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True)):
+        for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True),
+                              ("gguf_requantize", [])):
             if getattr(r.target, name) != default:
                 raise RecipeError(f"target.{name}", "only applies with target.quantize (int8 or int4)")
     if any(not isinstance(p, str) or not p for p in r.target.keep_float):
         raise RecipeError("target.keep_float", f"expected module names or globs (strings), got {r.target.keep_float!r}")
+    bad = [t for t in r.target.gguf_requantize if t not in GGUF_BLOCK_TYPES]
+    if bad:
+        raise RecipeError("target.gguf_requantize", f"{_short(bad[0])} is not a GGUF block type specc keeps; allowed: "
+                          f"{', '.join(GGUF_BLOCK_TYPES)}")
+    if r.target.gguf_requantize and not r.target.gguf_blocks:
+        raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
     if d.lookup and d.method not in ("model", "quantized", "early_exit"):
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
                           f"early_exit), not {d.method!r}")

@@ -96,6 +96,9 @@ def test_read_gguf_file(tmp_path):
         assert [np.array_equal(c.dequantize(), x) for c, x in zip(blocks[module], (stored, hf_order))] == [True, True]
     assert set(read_gguf_blocks(tmp_path / "m.gguf", min_bits=8)) == {"lm_head", "layers.0.self_attn.o_proj",
                                                                         "layers.0.mlp.down_proj"}
+    # target.gguf_requantize: [Q6_K, Q8_0] leaves those layers to quantisation from the dequantised weights
+    assert set(read_gguf_blocks(tmp_path / "m.gguf", min_bits=4, skip=("Q6_K", "Q8_0"))) == {
+        "layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj", "layers.0.self_attn.v_proj"}
 
 
 @pytest.mark.real_model

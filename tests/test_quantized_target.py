@@ -95,6 +95,15 @@ def test_recipe_fields_and_errors():
     assert trt.target.quantize == "fp8"
     with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4, fp8"):
         parse_recipe({"target": {"model": "m", "quantize": "int3"}, "draft": {"method": "none"}})
+    q6 = parse_recipe({"target": {"model": "m", "quantize": "int4", "gguf_requantize": ["Q6_K"]}, "draft": {"method": "none"}})
+    assert q6.target.gguf_requantize == ["Q6_K"]
+    with pytest.raises(RecipeError, match="target.gguf_requantize.*'Q5_K' is not a GGUF block type.*allowed: Q4_0"):
+        parse_recipe({"target": {"model": "m", "quantize": "int4", "gguf_requantize": ["Q5_K"]}, "draft": {"method": "none"}})
+    with pytest.raises(RecipeError, match="target.gguf_requantize.*only applies with target.gguf_blocks true"):
+        parse_recipe({"target": {"model": "m", "quantize": "int4", "gguf_blocks": False, "gguf_requantize": ["Q6_K"]},
+                      "draft": {"method": "none"}})
+    with pytest.raises(RecipeError, match="target.gguf_requantize.*only applies with target.quantize"):
+        parse_recipe({"target": {"model": "m", "gguf_requantize": ["Q6_K"]}, "draft": {"method": "none"}})
 
 
 def build_quantized(out, target, draft: dict, quant: dict, **extra):

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..recipe import GGUF_BLOCK_TYPES
 from .matmul_nbits import BlockWeight
 
 QK_K = 256
-IMPORTABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
+IMPORTABLE = GGUF_BLOCK_TYPES
 BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q8_0": 8, "Q6_K": 8}
 _MODULE_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -97,9 +98,9 @@ def gguf_tensor_name(module: str, tied: bool) -> str | None:
     return None
 
 
-def read_gguf_blocks(path: str | Path, min_bits: int) -> dict[str, list[BlockWeight]]:
+def read_gguf_blocks(path: str | Path, min_bits: int, skip: tuple[str, ...] = ()) -> dict[str, list[BlockWeight]]:
     """Module name → candidate BlockWeights (the stored row order, and for q/k the un-permuted one) for
-    every linear layer stored in an importable type of at least `min_bits` bits."""
+    every linear layer stored in an importable type of at least `min_bits` bits, except the types in `skip`."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -118,7 +119,7 @@ def read_gguf_blocks(path: str | Path, min_bits: int) -> dict[str, list[BlockWei
     for module in modules:
         t = tensors.get(gguf_tensor_name(module, tied))
         kind = t.tensor_type.name if t is not None else None
-        if kind not in IMPORTABLE or BITS[kind] < min_bits:
+        if kind not in IMPORTABLE or BITS[kind] < min_bits or kind in skip:
             continue
         k = int(t.shape[0])
         bw = blocks_to_weight(kind, np.asarray(t.data).reshape(int(t.shape[1]), -1), k)

@@ -72,6 +72,18 @@ def test_plain_rounds_are_priced_by_what_they_cost():
     assert policy.choose(rows) == 0
 
 
+@pytest.mark.parametrize(("min_gain", "expect_drafting"), [(1.0, True), (1.1, False)])
+def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
+    """Drafting that promises ~8% more than plain decoding does not run with the default margin."""
+    policy, rows = AdaptiveK(5, min_gain=min_gain), [0, 1, 2, 3]
+    for _ in range(8):
+        _feed(policy, rows, 0, 0, 0.010)
+        _feed(policy, rows, 1, 1, 0.0185)
+    gain = max(policy.predicted_throughput(rows, k) for k in range(1, 6)) / policy.predicted_throughput(rows, 0)
+    assert 1.0 < gain < 1.1
+    assert (policy.choose(rows) > 0) == expect_drafting
+
+
 def test_new_rows_start_from_the_acceptance_of_all_rows():
     policy = AdaptiveK(4)
     for _ in range(20):
@@ -151,6 +163,10 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
     done = {e.index: list(e.token_ids) for e in scheduler._admit()}
     assert scheduler.batch.draft_cache.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
+    assert max(len(s.prompt) for s in scheduler.batch.seqs) > 16  # longer than a catch-up
+    probe = scheduler.drafter.propose(scheduler.batch, 3, scheduler.batch.params, warm=False)
+    assert probe.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
+    assert scheduler.batch.draft_cache.lengths.tolist() == [0, 0, 0, 0]
     skipped = 0
     while scheduler.busy:
         for event in scheduler.step():

@@ -24,7 +24,10 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   lookup rounds skip the model), the line may come out flat, and its intercept would make plain
   decoding look as dear as drafting.
 
-The best k runs. A batch size never seen before first runs one plain round; every
+The best k runs if it promises at least `min_gain` (1.1) times plain decoding's throughput:
+what the estimates leave out (a draft model's prefill of rows it has not taken in yet, noise in
+the fitted costs) is of that order, and a marginal gain on paper was a loss in the load tests.
+A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1 or 0 instead (in turn), and while k = 0 wins
 a round drafts with the best k >= 1 after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
@@ -92,11 +95,13 @@ class AdaptiveK:
 
     def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4,
                  probe_idle_max: int = 64, decay: float = 0.95, ema: float = 0.3,
-                 prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25):
+                 prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25,
+                 min_gain: float = 1.1):
         if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
             raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
         self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
+        self.min_gain = min_gain
         self.idle_gap = probe_idle  # plain rounds before the next probe
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
@@ -122,6 +127,8 @@ class AdaptiveK:
         else:
             rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
             best = max(rates, key=rates.get)
+            if rates[best] < self.min_gain * rates[0]:  # a gain within what the estimates leave out
+                best = 0
             self.idle = self.idle + 1 if best == 0 else 0
             if best == 0 and self.idle >= self.idle_gap:  # plain decoding learns nothing: draft now and then
                 best = max(range(1, self.k_max + 1), key=rates.get)

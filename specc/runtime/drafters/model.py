@@ -46,7 +46,7 @@ class ModelDrafter(GraphDrafter):
         lengths = cache.lengths.tolist()
         cold = [b for b, n in enumerate(lengths) if n == 0 and not warm]
         rows = [b for b, (s, n) in enumerate(zip(batch.seqs, lengths))
-                if len(s.tokens) - n > CATCH_UP or (n == 0 and warm)]
+                if (n == 0 and warm) or (n > 0 and len(s.tokens) - n > CATCH_UP)]
         if rows:
             sub = cache.take(rows)
             feed, n_feed = pad_right([batch.seqs[b].tokens[lengths[b]:-1] for b in rows], cache.lengths.device)

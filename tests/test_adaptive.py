@@ -84,6 +84,13 @@ def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     assert (policy.choose(rows) > 0) == expect_drafting
 
 
+def test_the_margin_is_for_drafters_with_a_prefill(bundles):
+    """A draft model (alone or behind lookup) pays a prefill per row it drafts for; lookup and early exit do not."""
+    margins = {kind: Scheduler(specc.load(bundles[kind]), k="auto").policy.min_gain
+               for kind in ("draft", "lookup_first", "prompt_lookup", "early_exit")}
+    assert margins == {"draft": 1.1, "lookup_first": 1.1, "prompt_lookup": 1.0, "early_exit": 1.0}
+
+
 def test_new_rows_start_from_the_acceptance_of_all_rows():
     policy = AdaptiveK(4)
     for _ in range(20):
@@ -109,8 +116,8 @@ class FlippingK(AdaptiveK):
     """A policy that changes k every round (0 included), in a fixed pseudo-random order; some of its
     drafting rounds are idle probes (a draft model skips rows whose context it has not taken in)."""
 
-    def __init__(self, k_max: int):
-        super().__init__(k_max)
+    def __init__(self, k_max: int, **kwargs):
+        super().__init__(k_max, **kwargs)
         self.order = itertools.cycle([3, 0, 1, 4, 2, 0, 4, 1, 1, 3, 0, 2])
         self.probes = itertools.cycle([False, True, False, True, False])
 

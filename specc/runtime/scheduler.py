@@ -19,7 +19,7 @@ from ..errors import RequestError
 from ..limits import MAX_K, auto_k_max
 from ..speculation.sampling import probs_from_logits
 from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
-from .adaptive import AdaptiveK, RoundRecord
+from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
 from .stats import RunStats
@@ -68,7 +68,10 @@ class Scheduler:
             k = model.k  # the recipe's: an integer or "auto"
         self.policy = None
         if k == "auto":
-            self.policy = AdaptiveK(auto_k_max(model.k)) if self.speculative and self.tree is None else None
+            if self.speculative and self.tree is None:
+                # a drafter whose first rounds for a row pay its prefill must promise more than plain decoding
+                margin = MIN_GAIN_LAZY_PREFILL if self.drafter.lazy_prefill else 1.0
+                self.policy = AdaptiveK(auto_k_max(model.k), min_gain=margin)
             k = self.policy.k_max if self.policy else None
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")

@@ -58,6 +58,7 @@ class Drafter:
     cost = "step"
     supports_tree = False
     lookup_first = False  # prompt lookup in front of a draft model (recipe draft.lookup)
+    lazy_prefill = False  # takes a row's context in when it first drafts for it (a draft model's cache)
 
     @classmethod
     def build(cls, ctx: DraftContext) -> "Drafter":

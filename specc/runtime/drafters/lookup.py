@@ -73,7 +73,7 @@ class LookupFirstDrafter(Drafter):
 
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
-        self.kind = model.kind
+        self.kind, self.lazy_prefill = model.kind, model.lazy_prefill
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.model.prefill(batch, ids, lengths)

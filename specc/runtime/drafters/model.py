@@ -29,6 +29,7 @@ class ModelDrafter(GraphDrafter):
 
     kind = "model"
     supports_tree = True
+    lazy_prefill = True
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         batch.draft_cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -135,6 +136,7 @@ class SharedCacheDrafter(ModelDrafter):
     """
 
     kind = "early_exit"
+    lazy_prefill = False
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         pass

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specc.bench.run import compare_tokens, load_bundles, summarise
+from specc.bench.run import SPECC_TARGET_ONLY, compare_tokens, load_bundles, specc_systems, summarise
 from specc.bench.hf import HFSystem
 from specc.bench.report import summary_table
 from specc.cli import main
@@ -80,6 +80,19 @@ def test_bundles_of_one_target_share_its_engine(bundles):
     assert draft.target.step.runner is lookup.target.step.runner is early_exit.target.step.runner
     assert draft.drafter.step.runner is not draft.target.step.runner
     assert early_exit.drafter.step.runner is not draft.drafter.step.runner
+
+
+def test_a_target_compiled_differently_is_its_own_reference(bundles):
+    """A bundle on another backend (or quantisation) has other target-only outputs: it gets a target-only
+    system of its own, which its speculative systems are compared with."""
+    draft, lookup, wrong = load_bundles([bundles["draft"], bundles["prompt_lookup"], bundles["wrong"]])
+    systems = {s.name: s for s in specc_systems([draft, lookup, wrong], [2], [])}
+    own = f"{SPECC_TARGET_ONLY} [{wrong.bundle.path.name}]"
+    assert [n for n in systems if "target-only" in n] == [SPECC_TARGET_ONLY, own]  # draft and lookup share one
+    assert systems[own].model is wrong and systems[own].reference == own
+    refs = {n: s.reference for n, s in systems.items() if s.speculative}
+    assert refs[f"{wrong.bundle.path.name} [{wrong.draft_label}] chain k=2"] == own
+    assert [r for n, r in refs.items() if not n.startswith(wrong.bundle.path.name)] == [None, None]
 
 
 class _FixedModel:

@@ -97,6 +97,7 @@ class SpeccSystem:
     batch_size: int = 1
     settings: dict = field(default_factory=dict)
     family: str = "specc"
+    reference: str | None = None  # the system whose outputs this one must equal (None: the run's first)
 
     @property
     def speculative(self) -> bool:
@@ -121,16 +122,34 @@ class SpeccSystem:
         return {"summary": total.to_dict(), "tokens": tokens, "per_prompt": sorted(per_prompt, key=lambda p: p["prompt"])}
 
 
+def target_build(manifest) -> str:
+    """How a bundle's target was compiled: what its target-only output depends on beside the weights."""
+    t = manifest.recipe.target
+    quant = (f"{t.quantize} block {t.block_size} acc {t.accuracy_level} gguf_blocks {t.gguf_blocks}"
+             + (f" requantize {','.join(t.gguf_requantize)}" if t.gguf_requantize else "")
+             + (f" float {','.join(t.keep_float)}" if t.keep_float else "")) if t.quantize else "unquantised"
+    return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}"
+
+
 def specc_systems(models: list, k_values: list[int], trees: list, batch_size: int = 1, seed: int = 0) -> list[SpeccSystem]:
-    """Target-only on the first bundle's target, then every speculative variant asked for, per bundle."""
+    """Target-only on the first bundle's target, then every speculative variant asked for, per bundle.
+
+    A bundle whose target was compiled differently (another quantisation, backend or precision: other
+    target-only outputs) gets a target-only system of its own, which its speculative systems must equal."""
     common = {"seed": seed}
-    first = models[0]
-    systems = [SpeccSystem(SPECC_TARGET_ONLY, first, {"speculative": False, **common}, batch_size,
-                           {"bundle": str(first.bundle.path), "backend": first.bundle.manifest.backend})]
+    systems, own = [], {}  # own: target build -> name of its target-only system
+    for model in models:
+        build = target_build(model.bundle.manifest)
+        if build not in own:
+            own[build] = SPECC_TARGET_ONLY if not own else f"{SPECC_TARGET_ONLY} [{model.bundle.path.name}]"
+            systems.append(SpeccSystem(own[build], model, {"speculative": False, **common}, batch_size,
+                                       {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
+                                        "target": build}, reference=own[build] if len(own) > 1 else None))
     for model in models:
         if not model.can_speculate:
             continue
         name = model.bundle.path.name
+        first_build = own[target_build(model.bundle.manifest)] == SPECC_TARGET_ONLY
         variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
         if model.target.step.has_tree_mask and model.drafter.supports_tree:
             variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
@@ -141,7 +160,8 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
                         "draft_method": model.draft_label, **shape}
             systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
-                                       {"speculative": True, **common, **kw}, batch_size, settings))
+                                       {"speculative": True, **common, **kw}, batch_size, settings,
+                                       reference=None if first_build else own[target_build(model.bundle.manifest)]))
     return systems
 
 

@@ -127,7 +127,7 @@ class AdaptiveK:
         if len(rows) not in self.lines:
             best = 0  # a batch size never seen: measure plain decoding first, the intercept of its line
         else:
-            rates = {k: self.predicted_throughput(rows, k) for k in range(self.k_max + 1)}
+            rates = self.rates(rows)
             best = max(rates, key=rates.get)
             if rates[best] < self.min_gain * rates[0]:  # a gain within what the estimates leave out
                 best = 0
@@ -146,19 +146,23 @@ class AdaptiveK:
 
     def predicted_throughput(self, rows: list[int], k: int) -> float:
         """Predicted tokens per second of the whole batch for a round of k drafts."""
-        estimates = [self.row_estimates(r) for r in rows]
-        if k == 0:
-            return len(rows) / self.round_seconds(len(rows), 0.0)
+        return self.rates(rows)[k]
+
+    def rates(self, rows: list[int]) -> dict[int, float]:
+        """predicted_throughput for every k in [0, k_max] (the row estimates computed once)."""
         c = self.conditional()
-        reach = [1.0]  # reach[i]: chance that drafts 2..i+1 are accepted given the first was
-        for i in range(2, k + 1):
-            reach.append(reach[-1] * c[i])
-        after_first = sum(reach)
-        tokens = sum(h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates)
+        estimates = [self.row_estimates(r, c[1]) for r in rows]
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h
-        return tokens / self.round_seconds(len(rows), k * (1 - miss))
+        out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0)}, 1.0, 0.0
+        for k in range(1, self.k_max + 1):
+            if k > 1:
+                reach *= c[k]  # chance that drafts 2..k are accepted given the first was
+            after_first += reach
+            tokens = sum(h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates)
+            out[k] = tokens / self.round_seconds(len(rows), k * (1 - miss))
+        return out
 
     def conditional(self) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
@@ -168,13 +172,14 @@ class AdaptiveK:
             c.append(prior)
         return c
 
-    def row_estimates(self, row: int) -> tuple[float, float]:
-        """(acceptance of the first draft, hit rate) of a row: its recent rounds, smoothed towards all rows'."""
+    def row_estimates(self, row: int, first: float | None = None) -> tuple[float, float]:
+        """(acceptance of the first draft, hit rate) of a row: its recent rounds, smoothed towards all rows'
+        (`first`: all rows' acceptance of the first draft, if the caller has it)."""
         acc = judged = hits = n = 0
         for a, j, h in self.rows.get(row, ()):
             acc, judged, hits, n = acc + a, judged + j, hits + h, n + 1
         w = self.prior_weight
-        alpha = (acc + w * self.conditional()[1]) / (judged + w)
+        alpha = (acc + w * (self.conditional()[1] if first is None else first)) / (judged + w)
         hit = (hits + w * self.hit_rate) / (n + w)
         return min(alpha, 0.99), hit
 

@@ -125,7 +125,7 @@ class AdaptiveK:
         self.round_no += 1
         self.idle_probe = False
         if len(rows) not in self.lines:
-            best = 0  # a batch size never seen: measure plain decoding first, the intercept of its line
+            best = 0  # a batch size never seen: measure plain decoding first, the price of k = 0
         else:
             rates = self.rates(rows)
             best = max(rates, key=rates.get)

@@ -68,7 +68,7 @@ def test_plain_rounds_are_priced_by_what_they_cost():
         _feed(policy, rows, (3, 4, 5)[i % 3], i % 2, (0.021, 0.030, 0.012)[i % 3])
         if i % 8 == 0:
             _feed(policy, rows, 0, 0, 0.010)
-    assert policy.predicted_throughput(rows, 0) == pytest.approx(400, rel=0.01)
+    assert policy.rates(rows)[0] == pytest.approx(400, rel=0.01)
     assert policy.choose(rows) == 0
 
 
@@ -79,7 +79,8 @@ def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     for _ in range(8):
         _feed(policy, rows, 0, 0, 0.010)
         _feed(policy, rows, 1, 1, 0.0185)
-    gain = max(policy.predicted_throughput(rows, k) for k in range(1, 6)) / policy.predicted_throughput(rows, 0)
+    rates = policy.rates(rows)
+    gain = max(rates[k] for k in range(1, 6)) / rates[0]
     assert 1.0 < gain < 1.1
     assert (policy.choose(rows) > 0) == expect_drafting
 

@@ -137,19 +137,19 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
     A bundle whose target was compiled differently (another quantisation, backend or precision: other
     target-only outputs) gets a target-only system of its own, which its speculative systems must equal."""
     common = {"seed": seed}
-    systems, own = [], {}  # own: target build -> name of its target-only system
-    for model in models:
-        build = target_build(model.bundle.manifest)
+    builds = [target_build(m.bundle.manifest) for m in models]
+    own: dict[str, str] = {}  # target build -> name of its target-only system
+    systems = []
+    for model, build in zip(models, builds):
         if build not in own:
             own[build] = SPECC_TARGET_ONLY if not own else f"{SPECC_TARGET_ONLY} [{model.bundle.path.name}]"
             systems.append(SpeccSystem(own[build], model, {"speculative": False, **common}, batch_size,
                                        {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
-                                        "target": build}, reference=own[build] if len(own) > 1 else None))
-    for model in models:
+                                        "target": build}, reference=_own_reference(own[build])))
+    for model, build in zip(models, builds):
         if not model.can_speculate:
             continue
         name = model.bundle.path.name
-        first_build = own[target_build(model.bundle.manifest)] == SPECC_TARGET_ONLY
         variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
         if model.target.step.has_tree_mask and model.drafter.supports_tree:
             variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
@@ -161,8 +161,14 @@ def specc_systems(models: list, k_values: list[int], trees: list, batch_size: in
                         "draft_method": model.draft_label, **shape}
             systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
                                        {"speculative": True, **common, **kw}, batch_size, settings,
-                                       reference=None if first_build else own[target_build(model.bundle.manifest)]))
+                                       reference=_own_reference(own[build])))
     return systems
+
+
+def _own_reference(target_only: str) -> str | None:
+    """The reference of systems on a target build: None (the run's first system) for the first build,
+    else that build's own target-only system."""
+    return None if target_only == SPECC_TARGET_ONLY else target_only
 
 
 def compare_tokens(tokens: list[int], reference: list[int]) -> tuple[str, int | None]:

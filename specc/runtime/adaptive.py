@@ -144,12 +144,8 @@ class AdaptiveK:
         self.chosen.append(best)
         return best
 
-    def predicted_throughput(self, rows: list[int], k: int) -> float:
-        """Predicted tokens per second of the whole batch for a round of k drafts."""
-        return self.rates(rows)[k]
-
     def rates(self, rows: list[int]) -> dict[int, float]:
-        """predicted_throughput for every k in [0, k_max] (the row estimates computed once)."""
+        """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max]."""
         c = self.conditional()
         estimates = [self.row_estimates(r, c[1]) for r in rows]
         miss = 1.0

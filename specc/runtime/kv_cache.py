@@ -22,6 +22,11 @@ def _write(k, v, lengths, new_k, new_v, counts, index) -> None:
             v[:, b, :, s:s + n] = new_v[:, b, :, idx]
 
 
+def _blocks(slots: int) -> int:
+    """Slots rounded up to whole blocks."""
+    return -(-slots // BLOCK) * BLOCK
+
+
 class KVCache:
     """Keys and values `[L, B, H, S, D]` with a valid length per row.
 
@@ -47,7 +52,7 @@ class KVCache:
             return
         if needed > self.max_context:
             raise ValueError(f"cache needs {needed} slots, above max_context {self.max_context}")
-        new_cap = min(self.max_context, -(-needed // BLOCK) * BLOCK)
+        new_cap = min(self.max_context, _blocks(needed))
         pad = list(self.k.shape)
         pad[3] = new_cap - self.capacity
         self.k = torch.cat([self.k, self.k.new_zeros(pad)], dim=3)
@@ -60,10 +65,14 @@ class KVCache:
         self.lengths += counts.to(self.lengths.device)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop finished rows; `rows` lists the batch indices that stay, in order."""
-        self.k = self.k.index_select(1, rows).contiguous()
-        self.v = self.v.index_select(1, rows).contiguous()
+        """Drop finished rows; `rows` lists the batch indices that stay, in order.
+
+        Capacity shrinks to what the longest remaining row needs: the graphs attend over the
+        whole capacity, so a long row that left would otherwise tax every later round."""
         self.lengths = self.lengths.index_select(0, rows)
+        cap = min(self.capacity, _blocks(int(self.lengths.max()) + 1)) if len(rows) else 0
+        self.k = self.k[:, :, :, :cap].index_select(1, rows).contiguous()
+        self.v = self.v[:, :, :, :cap].index_select(1, rows).contiguous()
 
     def take(self, rows: list[int]) -> "KVCache":
         """A copy of these rows (e.g. to run a few rows through a graph without the others)."""

@@ -150,3 +150,33 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
     assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
+
+
+def test_eagle_training_unroll_drafts_as_the_runtime_does(target):
+    """Training-time test: step s of the unrolled loss, at every round o at once, equals drafting
+    step by step with the head's own cache (true entries 0..o, then the round's draft entries)."""
+    from specc.heads.store import build_head
+    from specc.training.heads import eagle_unroll
+
+    _, hf = target
+    torch.manual_seed(0)
+    head = build_head("eagle", hf).eval()
+    with torch.no_grad():
+        for p in head.trainable():
+            p.normal_(0.0, 0.3 / p.shape[-1] ** 0.5)
+    b, t, steps = 2, 9, 3
+    tokens = torch.randint(0, hf.config.vocab_size, (b, t))
+    feats = torch.randn(b, t, hf.config.hidden_size)
+    with torch.no_grad():
+        unrolled = eagle_unroll(head, tokens, feats, steps)
+        assert [u.shape[1] for u in unrolled] == [t - 1, t - 2, t - 3]
+        for o in (0, 3, t - 1 - steps):
+            h, k, v = head.run(tokens[:, 1:o + 2], feats[:, :o + 1], torch.arange(o + 1)[None].expand(b, -1),
+                               torch.zeros(b, dtype=torch.long), head.empty_cache(b), head.empty_cache(b))
+            last = h[:, -1:]
+            torch.testing.assert_close(unrolled[0][:, o], last[:, 0], rtol=1e-5, atol=1e-5)
+            for s in range(1, steps):
+                pos = torch.full((b, 1), o + s)
+                last, nk, nv = head.run(tokens[:, o + 1 + s:o + 2 + s], last, pos, torch.full((b,), k.shape[3]), k, v)
+                k, v = torch.cat([k, nk], 3), torch.cat([v, nv], 3)
+                torch.testing.assert_close(unrolled[s][:, o], last[:, 0], rtol=1e-5, atol=1e-5)

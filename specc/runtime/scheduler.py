@@ -104,10 +104,16 @@ class Scheduler:
         return bool(self.waiting) or self.batch is not None
 
     def step(self) -> list[StreamEvent]:
-        """Admit waiting requests, run one round, return what it generated."""
+        """Admit waiting requests, or run one round; return what it generated.
+
+        A step that admitted requests returns their first tokens at once (the round follows in the
+        next step), so time to first token is the prefill's, not the prefill's plus a round's."""
         start = time.perf_counter()
-        events = self._drop_cancelled() + self._admit()
-        if self.batch is not None:
+        self.last_round = None
+        events = self._drop_cancelled()
+        admitted = self._admit()
+        events += admitted
+        if self.batch is not None and not admitted:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]

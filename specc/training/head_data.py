@@ -36,13 +36,17 @@ TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal"
 
 TOPICS = ("the moon", "volcanoes", "photosynthesis", "the Roman empire", "honey bees", "black holes", "chess",
           "the printing press", "rainbows", "electric cars", "the human heart", "coffee", "jazz music", "glaciers",
-          "the internet", "vaccines", "penguins", "the French revolution", "solar panels", "sleep", "tea",
+          "the internet", "vaccines", "penguins", "the French revolution", "solar panels", "sleep", "kites",
           "earthquakes", "dinosaurs", "the stock market", "recycling", "bread baking", "the Olympic games",
           "sorting algorithms", "git branches", "unit tests", "SQL joins", "linked lists", "regular expressions",
           "HTTP requests", "password security", "time management", "public speaking", "gardening", "origami",
-          "the water cycle")
+          "lighthouses")
 TEMPLATES = ("Explain {} in simple terms.", "Write a short paragraph about {}.", "Give me three facts about {}.",
-             "What are common misconceptions about {}?", "Write a haiku about {}.", "How would you teach {} to a child?")
+             "What are common misconceptions about {}?", "Write a haiku about {}.", "How would you teach {} to a child?",
+             "List the pros and cons of {}.", "Write a short story that involves {}.",
+             "What questions do beginners ask about {}?", "Summarize the history of {}.",
+             "Describe {} to someone from the year 1800.", "Write a limerick about {}.")
+PROMPTS_VERSION = 2  # part of the data cache key: bump when the prompt lists change
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class DataConfig:
     seq_len: int = 256  # text: tokens per window
 
     def key(self, model: str) -> str:
-        return hashlib.sha256(json.dumps({"model": model, **asdict(self)}, sort_keys=True).encode()).hexdigest()[:16]
+        fields = {"model": model, "prompts_version": PROMPTS_VERSION, **asdict(self)}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:

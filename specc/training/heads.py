@@ -4,8 +4,9 @@ Data (heads/data.py) is cached once; training then reads only the cache. Losses:
 - Medusa: head i at position j, cross-entropy against the target's (top-K, renormalised)
   next-token distribution at position j+1+i.
 - EAGLE: at entry j = (f_j, x_{j+1}), smooth-L1 between the predicted and the target's feature
-  f_{j+1} plus cross-entropy of the LM head on it against the target at j+1. Gaussian noise on
-  the input features stands in for the draft's own (imperfect) features at later draft steps.
+  f_{j+1} plus cross-entropy of the LM head on it against the target at j+1; then `unroll` - 1
+  further draft steps fed the head's own predicted features, with the attention the runtime's
+  draft steps have (training-time test). Gaussian noise on step 1's input features.
 Checkpoints (weights + optimizer state, safetensors) are written every `checkpoint_every` steps
 and resumed from when the same command runs again. The held-out estimate is greedy: the
 fraction of positions where the first i drafts all equal the target's argmax, measured by
@@ -39,6 +40,7 @@ class TrainConfig:
     heads: int = 4  # medusa
     draft_vocab: int | None = 8192  # most frequent tokens of the data; None: the full vocabulary
     noise: float = 0.05  # eagle: feature noise, relative to the features' RMS
+    unroll: int = 3  # eagle: draft steps trained per position (training-time test; 1: EAGLE-1's teacher forcing)
     eval_every: int = 100
     eval_depth: int = 5
     checkpoint_every: int = 100
@@ -82,18 +84,49 @@ def medusa_loss(head: MedusaHeads, batch: dict, to_draft) -> torch.Tensor:
     return total / head.n_heads
 
 
-def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float) -> torch.Tensor:
+def eagle_unroll(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The head's outputs of `steps` draft steps from every position at once: out[s][:, o] [B, T-1-s, H]
+    predicts the feature s + 1 tokens after o, drafting from round o (training-time test, as in HASS
+    and EAGLE-3).
+
+    Step 1 at entry o = (x_{o+1}, f_o) sees entries 0..o, as when a round enters the committed
+    tokens. Step s > 1 is drafting as the runtime drafts: its entry (x_{o+s}, h) at position o+s-1
+    feeds the head's own output h of step s-1 at o and attends to the true entries 0..o and to round
+    o's earlier draft entries only."""
+    b, t = tokens.shape[0], tokens.shape[1] - 1
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    eye = torch.eye(t, dtype=torch.bool)
+    keys, values, out, f_in = [], [], [], features[:, :t]
+    for s in range(min(steps, t)):
+        n = t - s  # rounds o = 0..n-1 have a target s + 1 tokens on
+        x = head.fc(torch.cat([head.embed_tokens(tokens[:, 1 + s:]), f_in[:, :n].to(head.fc.weight.dtype)], dim=-1))
+        cos, sin = head.rotary_emb(x, torch.arange(s, s + n)[None].expand(b, n))
+        mask = torch.cat([causal[:n, :n]] + [eye[:n, :n]] * s, dim=-1)  # true entries <= o, then round o's own
+        k_cache = torch.cat([k[:, :, :n] for k in keys], dim=2) if keys else x.new_zeros(b, head.n_kv_heads, 0, head.head_dim)
+        v_cache = torch.cat([v[:, :, :n] for v in values], dim=2) if values else k_cache
+        h, k, v = head.layers[0](x, cos, sin, mask[None].expand(b, -1, -1), k_cache, v_cache)
+        keys.append(k)
+        values.append(v)
+        out.append(h)
+        f_in = h
+    return out
+
+
+def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float, unroll: int = 1) -> torch.Tensor:
+    """Per draft step of `eagle_unroll`: smooth-L1 to the target's feature + 0.5 x cross-entropy against
+    its distribution, step s weighted 0.8^(s-1); Gaussian noise on step 1's input features."""
     feats = batch["features"].float()
-    x, f_in, f_next = batch["tokens"][:, 1:], feats[:, :-1], feats[:, 1:]
+    f_in = feats[:, :-1]
     if noise:
         f_in = f_in + torch.randn_like(f_in) * noise * f_in.pow(2).mean().sqrt()
-    b, t = x.shape
-    pos = torch.arange(t)[None].expand(b, t)
-    h, _, _ = head.run(x, f_in, pos, torch.zeros(b, dtype=torch.long), head.empty_cache(b), head.empty_cache(b))
-    mask = (batch["valid"][:, 1:]).float()
-    vloss = (F.smooth_l1_loss(h, f_next, reduction="none").mean(-1) * mask).sum() / mask.sum().clamp_min(1)
-    p, idx = soft_targets(batch["top_val"][:, 1:], batch["top_idx"][:, 1:], to_draft)
-    return vloss + 0.5 * _ce(head.reduced_logits(h), p, idx, mask)
+    total, weight = 0.0, 0.0
+    for s, h in enumerate(eagle_unroll(head, batch["tokens"], f_in, unroll)):
+        m = batch["valid"][:, 1 + s:].float()
+        vloss = (F.smooth_l1_loss(h, feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        p, idx = soft_targets(batch["top_val"][:, 1 + s:], batch["top_idx"][:, 1 + s:], to_draft)
+        total = total + 0.8 ** s * (vloss + 0.5 * _ce(head.reduced_logits(h), p, idx, m))
+        weight += 0.8 ** s
+    return total / weight
 
 
 @torch.no_grad()
@@ -216,7 +249,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
         pick = train[torch.randint(0, len(train), (cfg.batch_seqs,), generator=gen)]
         width = int(data["valid"][pick].sum(-1).max())
         batch = {k: v[pick, :width] for k, v in data.items()}
-        loss = medusa_loss(head, batch, to_draft) if cfg.kind == "medusa" else eagle_loss(head, batch, to_draft, cfg.noise)
+        loss = medusa_loss(head, batch, to_draft) if cfg.kind == "medusa" else eagle_loss(head, batch, to_draft, cfg.noise, cfg.unroll)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

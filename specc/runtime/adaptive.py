@@ -24,13 +24,19 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   lookup rounds skip the model), the line may come out flat, and its intercept would make plain
   decoding look as dear as drafting.
 
+Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
+a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
+without drafts and never runs the model ("lookup": no draft cost, no draft prefill). Each arm has
+its own acceptance, hit rate and cost lines (plain rounds price k = 0 for all); each round takes
+the arm whose best k promises the most over its margin.
+
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
 draft model (the scheduler's choice), whose prefill of the rows it has not taken in yet is left
 out of the estimates and is of that order (a gain of ~4% on paper was a loss in the load tests);
 1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains.
 A batch size never seen before first runs one plain round; every
-`probe_every`-th round runs the best k + 1, the best k - 1 or 0 instead (in turn), and while k = 0 wins
-a round drafts with the best k >= 1 after `probe_idle` plain rounds (a plain round measures no
+`probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
+and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
 falling back when drafting wins again, so acceptance and costs that change are noticed without
 paying for a probe every few rounds where drafting never pays (a large batch). Such a probe
@@ -60,6 +66,7 @@ class RoundRecord:
     target_seconds: float
     seconds: float  # the whole round, host work included (admission/prefill excluded)
     skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
+    arm: str = "draft"  # which of the drafter's ways of drafting ran (Drafter.arms)
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's prefill of rows it drafts for is not in the estimates
@@ -92,111 +99,133 @@ class _Line:
         return max(self.y / self.w - c * self.x / self.w, 1e-6), c
 
 
+@dataclass
+class _Arm:
+    """What the policy learned about one way of drafting (an arm): acceptance and round costs."""
+
+    decay: float
+    judged: list[float]  # per draft position (1-based), decayed: rounds that reached it
+    accepted: list[float]  # ... and accepted it
+    hit_rate: float = 1.0
+    lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
+    rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
+
+
 class AdaptiveK:
-    """Chooses k per round; feed it every finished round with `observe`."""
+    """Chooses k (and the arm) per round; feed it every finished round with `observe`."""
 
     def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4,
                  probe_idle_max: int = 64, decay: float = 0.95, ema: float = 0.3,
                  prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25,
-                 min_gain: float = 1.0):
+                 min_gain: float | dict[str, float] = 1.0, arms: tuple[str, ...] = ("draft",)):
         if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
             raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
         self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
-        self.min_gain = min_gain
+        self.arms = tuple(arms)
+        self.min_gain = min_gain if isinstance(min_gain, dict) else {a: min_gain for a in self.arms}
         self.idle_gap = probe_idle  # plain rounds before the next probe
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
-        self.judged = [0.0] * (k_max + 1)  # per draft position (1-based), decayed: rounds that reached it
-        self.accepted = [0.0] * (k_max + 1)  # ... and accepted it
-        self.hit_rate = 1.0
-        self.lines: dict[int, _Line] = {}  # batch size -> round seconds against width verified
+        self.stats = {a: _Arm(decay, [0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
         self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
-        self.rows: dict[int, deque] = {}  # request index -> its recent (accepted, judged, had_draft)
         self.round_no = 0
         self.idle = 0  # rounds at k = 0 in a row
-        self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1 and 0
+        self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
+        self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
         self.idle_probe = False  # the latest choice drafts only to measure while k = 0 wins
+        self.arm = self.arms[0]  # the arm of the latest choice
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int]) -> int:
-        """k for the next round of a batch whose rows are these request indices."""
+        """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`)."""
         self.round_no += 1
         self.idle_probe = False
-        if len(rows) not in self.lines:
-            best = 0  # a batch size never seen: measure plain decoding first, the price of k = 0
-        else:
-            rates = self.rates(rows)
-            best = max(rates, key=rates.get)
-            if rates[best] < self.min_gain * rates[0]:  # a gain within what the estimates leave out
-                best = 0
+        best, arm = 0, self.arms[0]
+        if len(rows) in self.plain or any(len(rows) in st.lines for st in self.stats.values()):
+            rates = {a: self.rates(rows, a) for a in self.arms}
+            plain = rates[arm][0]
+            best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
+            # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
+            arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
+            if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
+                best = best_k[arm]
             self.idle = self.idle + 1 if best == 0 else 0
             if best == 0 and self.idle >= self.idle_gap:  # plain decoding learns nothing: draft now and then
-                best = max(range(1, self.k_max + 1), key=rates.get)
+                arm = self.arms[self.idle_probes % len(self.arms)]
+                best = best_k[arm]
+                self.idle_probes += 1
                 self.idle, self.idle_gap = 0, min(2 * self.idle_gap, self.probe_idle_max)
                 self.idle_probe = True
             elif best:
                 self.idle_gap = self.probe_idle
-                if self.round_no % self.probe_every == 0:  # keep the estimates around the best k fresh
+                if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
+                    options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
+                    options += [(a, best_k[a]) for a in self.arms if a != arm]
                     self.probes += 1
-                    best = (min(best + 1, self.k_max), best - 1, 0)[self.probes % 3]
+                    arm, best = options[self.probes % len(options)]
+        # else: a batch size never seen: measure plain decoding first, the price of k = 0
+        self.arm = arm
         self.chosen.append(best)
         return best
 
-    def rates(self, rows: list[int]) -> dict[int, float]:
+    def rates(self, rows: list[int], arm: str | None = None) -> dict[int, float]:
         """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max]."""
-        c = self.conditional()
-        estimates = [self.row_estimates(r, c[1]) for r in rows]
+        c = self.conditional(arm)
+        estimates = [self.row_estimates(r, c[1], arm) for r in rows]
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h
-        out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0)}, 1.0, 0.0
+        out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0, arm)}, 1.0, 0.0
         for k in range(1, self.k_max + 1):
             if k > 1:
                 reach *= c[k]  # chance that drafts 2..k are accepted given the first was
             after_first += reach
             tokens = sum(h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates)
-            out[k] = tokens / self.round_seconds(len(rows), k * (1 - miss))
+            out[k] = tokens / self.round_seconds(len(rows), k * (1 - miss), arm)
         return out
 
-    def conditional(self) -> list[float]:
+    def conditional(self, arm: str | None = None) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
+        st = self.stats[arm or self.arms[0]]
         c, prior, w = [1.0], self.prior_alpha, self.prior_weight
         for i in range(1, self.k_max + 1):
-            prior = min((self.accepted[i] + w * prior) / (self.judged[i] + w), 0.99)
+            prior = min((st.accepted[i] + w * prior) / (st.judged[i] + w), 0.99)
             c.append(prior)
         return c
 
-    def row_estimates(self, row: int, first: float | None = None) -> tuple[float, float]:
+    def row_estimates(self, row: int, first: float | None = None, arm: str | None = None) -> tuple[float, float]:
         """(acceptance of the first draft, hit rate) of a row: its recent rounds, smoothed towards all rows'
         (`first`: all rows' acceptance of the first draft, if the caller has it)."""
+        st = self.stats[arm or self.arms[0]]
         acc = judged = hits = n = 0
-        for a, j, h in self.rows.get(row, ()):
+        for a, j, h in st.rows.get(row, ()):
             acc, judged, hits, n = acc + a, judged + j, hits + h, n + 1
         w = self.prior_weight
-        alpha = (acc + w * (self.conditional()[1] if first is None else first)) / (judged + w)
-        hit = (hits + w * self.hit_rate) / (n + w)
+        alpha = (acc + w * (self.conditional(arm)[1] if first is None else first)) / (judged + w)
+        hit = (hits + w * st.hit_rate) / (n + w)
         return min(alpha, 0.99), hit
 
-    def round_seconds(self, b: int, width: float) -> float:
+    def round_seconds(self, b: int, width: float, arm: str | None = None) -> float:
         """Predicted seconds of a round at batch size b verifying `width` drafts per row; a plain
         round (width 0) at a batch size that ran plain rounds costs what they cost."""
         if width == 0 and b in self.plain:
             return self.plain[b].fit()[0]
-        if not self.lines:
-            return 1.0 + self.prior_slope * width
-        near = min(self.lines, key=lambda x: (abs(x - b), x))
-        a, c = self.lines[near].fit()
+        lines = self.stats[arm or self.arms[0]].lines
+        if not lines:
+            return (self.plain[b].fit()[0] if b in self.plain else 1.0) * (1.0 + self.prior_slope * width)
+        near = min(lines, key=lambda x: (abs(x - b), x))
+        a, c = lines[near].fit()
         if b != near:
             a *= (b / near) ** 0.5
         if c is None or b != near:
-            c = a * self._slope_ratio(b)
+            c = a * self._slope_ratio(b, lines)
         return a + c * width
 
-    def _slope_ratio(self, b: int) -> float:
+    def _slope_ratio(self, b: int, lines: dict[int, _Line]) -> float:
         """c/a of the nearest batch size with a fitted slope (the prior if none has)."""
-        fitted = [(x, line.fit()) for x, line in self.lines.items() if line.spread >= 1e-3]
+        fitted = [(x, line.fit()) for x, line in lines.items() if line.spread >= 1e-3]
         if not fitted:
             return self.prior_slope
         _, (a, c) = min(fitted, key=lambda item: (abs(item[0] - b), item[0]))
@@ -207,23 +236,27 @@ class AdaptiveK:
         """Learn from a finished round (call before the next `choose`)."""
         b = len(record.rows)
         width = max(record.n_draft, default=0) if record.k else 0
-        self.lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
+        arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
+        for a in arms:
+            self.stats[a].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
         if width == 0:
             self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
         live = set(record.rows)
-        self.rows = {r: s for r, s in self.rows.items() if r in live}
+        for st in self.stats.values():
+            st.rows = {r: s for r, s in st.rows.items() if r in live}
         skipped = set(record.skipped)
         if record.k == 0 or len(skipped) == b:
             return
-        self.judged = [x * self.decay for x in self.judged]
-        self.accepted = [x * self.decay for x in self.accepted]
+        st = self.stats[record.arm]
+        st.judged = [x * self.decay for x in st.judged]
+        st.accepted = [x * self.decay for x in st.accepted]
         for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
             if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
                 continue
-            self.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
+            st.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
             for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
-                self.judged[i] += 1
-                self.accepted[i] += i <= n
+                st.judged[i] += 1
+                st.accepted[i] += i <= n
         drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
         if drafted:
-            self.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - self.hit_rate)
+            st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

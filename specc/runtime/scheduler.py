@@ -70,8 +70,9 @@ class Scheduler:
         if k == "auto":
             if self.speculative and self.tree is None:
                 # a drafter whose first rounds for a row pay its prefill must promise more than plain decoding
-                margin = MIN_GAIN_LAZY_PREFILL if self.drafter.lazy_prefill else 1.0
-                self.policy = AdaptiveK(auto_k_max(model.k), min_gain=margin)
+                arms = self.drafter.arms
+                margins = {name: MIN_GAIN_LAZY_PREFILL if d.lazy_prefill else 1.0 for name, d in arms.items()}
+                self.policy = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms))
             k = self.policy.k_max if self.policy else None
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
@@ -117,20 +118,21 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped = self.k, None, []
+            k, counts, skipped, arm = self.k, None, [], "draft"
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
                 # a probe of a policy that plain-decodes does not make the drafter take in new rows' context
                 warm = not (self.policy and self.policy.idle_probe)
-                new_tokens, counts, skipped = self._speculative_round(self.batch, k, warm)
+                arm = self.policy.arm if self.policy else arm
+                new_tokens, counts, skipped = self._speculative_round(self.batch, k, warm, arm)
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
             n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
             caught_up = self.stats.prefill_seconds - before[2]  # a lazy draft prefill is not this round's cost
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
-                                          time.perf_counter() - round_start - caught_up, skipped)
+                                          time.perf_counter() - round_start - caught_up, skipped, arm)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -170,15 +172,17 @@ class Scheduler:
         cache.commit(verdict.new_k, verdict.new_v, torch.ones_like(cache.lengths))
         return [[t] for t in verdict.next_token.tolist()]
 
-    def _speculative_round(self, batch: Batch, k: int, warm: bool = True
+    def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None
                            ) -> tuple[list[list[int]], tuple[list[int], list[int]], list[int]]:
-        """Draft k, verify k+1 in one target pass, accept a prefix, commit its KV.
+        """Draft k (with the drafter's arm `arm`, default itself), verify k+1 in one target pass, accept
+        a prefix, commit its KV.
 
         Returns each row's new tokens, the (drafted, accepted) counts of every row and the rows
         the drafter skipped (not warm)."""
         cache = batch.cache
+        drafter = self.drafter.arms[arm] if arm else self.drafter
         with self._timed("draft_seconds"):
-            proposal = self.drafter.propose(batch, k, batch.params, warm)  # may propose fewer than k
+            proposal = drafter.propose(batch, k, batch.params, warm)  # may propose fewer than k
         self.stats.draft_seconds -= proposal.catch_up_seconds  # a draft model's lazy prefill
         self.stats.prefill_seconds += proposal.catch_up_seconds
         with self._timed("target_seconds"):

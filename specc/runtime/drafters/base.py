@@ -64,6 +64,12 @@ class Drafter:
     def build(cls, ctx: DraftContext) -> "Drafter":
         raise NotImplementedError
 
+    @property
+    def arms(self) -> dict[str, "Drafter"]:
+        """The ways this drafter can draft a round, by name, for an adaptive policy to choose from; each
+        proposes, while this drafter keeps receiving every hook (prefill, after_verify, ...)."""
+        return {"draft": self}
+
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         """Take in the prompts (ids [B, T] right-padded, lengths [B]) once the target has."""
 

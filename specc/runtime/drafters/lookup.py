@@ -75,6 +75,12 @@ class LookupFirstDrafter(Drafter):
         self.lookup, self.model = lookup, model
         self.kind, self.lazy_prefill = model.kind, model.lazy_prefill
 
+    @property
+    def arms(self) -> dict[str, Drafter]:
+        """"model": lookup first, the model for the rest; "lookup": lookup alone (rows it misses get
+        no drafts; no model call, so no draft prefill either)."""
+        return {"model": self, "lookup": self.lookup}
+
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.model.prefill(batch, ids, lengths)
 

@@ -144,6 +144,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
     args = ["train-head", str(recipe), "--kind", kind, "--prompts", "10", "--new-tokens", "12", "--eval-every", "2",
             "--draft-vocab", "64", "-o", str(tmp_path / "head")]
+    assert main(args + ["--steps", "2", "--unroll", "0"]) == 2  # a clear error, before any data is built
     assert main(args + ["--steps", "2"]) == 0
     assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
     card = json.loads((tmp_path / "head" / "card.json").read_text())

@@ -258,7 +258,7 @@ def cmd_train_head(args) -> int:
     recipe = load_recipe(args.recipe)
     loaded = load_model(recipe.target.model)
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
-                      draft_vocab=args.draft_vocab or None, eval_every=args.eval_every)
+                      draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll)
     data_cfg = DataConfig(n_code=args.prompts // 2, n_chat=args.prompts - args.prompts // 2, new_tokens=args.new_tokens,
                           source=args.source)
     output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
@@ -466,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
     p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0: the full vocabulary)")
+    p.add_argument("--unroll", type=int, default=3,
+                   help="eagle: draft steps trained per position, fed the head's own features (1: teacher forcing only)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out acceptance estimates")
     p.add_argument("-o", "--output", type=Path, help="head directory (default heads/<target>-<kind>); rerunning resumes")
     p.set_defaults(func=cmd_train_head)

@@ -118,13 +118,13 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped, arm = self.k, None, [], "draft"
+            k, counts, skipped = self.k, None, []
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
                 # a probe of a policy that plain-decodes does not make the drafter take in new rows' context
                 warm = not (self.policy and self.policy.idle_probe)
-                arm = self.policy.arm if self.policy else arm
+                arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
                 new_tokens, counts, skipped = self._speculative_round(self.batch, k, warm, arm)
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
@@ -132,7 +132,8 @@ class Scheduler:
             caught_up = self.stats.prefill_seconds - before[2]  # a lazy draft prefill is not this round's cost
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
-                                          time.perf_counter() - round_start - caught_up, skipped, arm)
+                                          time.perf_counter() - round_start - caught_up, skipped,
+                                          self.policy.arm if self.policy else "draft")
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)

@@ -210,6 +210,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
     """Train (or resume) a head; writes output/ (config, weights, card) and returns (head, card)."""
     if cfg.kind not in ("medusa", "eagle"):
         raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle")
+    if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
+        raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     torch.manual_seed(cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)

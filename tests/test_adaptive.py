@@ -42,7 +42,24 @@ def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
     assert [i for i, k in enumerate(ks) if k] == [4, 14, 34, 54, 74], ks
     for _ in range(30):
         _feed(policy, [0, 1], 4, 4, 0.011)
-    assert policy.choose([0, 1]) > 0 and policy.idle_gap == 5
+    assert policy.choose([0, 1]) > 0 and policy.idle_gap[2] == 5
+
+
+def test_probe_gaps_are_kept_per_batch_size():
+    """Drafting pays at batch 1 (cheap verify) and not at batch 2 (dear verify): the rounds at batch 1,
+    which draft, do not bring batch 2's probes back to every few rounds."""
+    policy = AdaptiveK(4, probe_idle=5, probe_idle_max=20)
+    for _ in range(10):
+        _feed(policy, [0], 0, 0, 0.008)
+        _feed(policy, [0], 4, 2, 0.009)
+        _feed(policy, [0, 1], 0, 0, 0.010)
+        _feed(policy, [0, 1], 4, 2, 0.080)
+    batch1, batch2 = [], []
+    for _ in range(40):
+        batch1.append(policy.choose([0]))
+        batch2.append(policy.choose([0, 1]))
+    assert sum(k > 0 for k in batch1) >= 35
+    assert [i for i, k in enumerate(batch2) if k] == [4, 14, 34] and policy.idle_gap == {1: 5, 2: 20}
 
 
 def test_policy_prices_rounds_at_the_batch_size():

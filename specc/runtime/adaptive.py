@@ -39,7 +39,8 @@ A batch size never seen before first runs one plain round; every
 and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
 falling back when drafting wins again, so acceptance and costs that change are noticed without
-paying for a probe every few rounds where drafting never pays (a large batch). Such a probe
+paying for a probe every few rounds where drafting never pays (a large batch); the gap is kept per
+batch size, so rounds at a smaller batch where drafting wins do not reset it. Such a probe
 drafts only for rows the drafter already took in (`idle_probe`: a draft model's prefill is lazy,
 so rows that joined while k = 0 won are not prefilled in the draft just to measure). The choice depends only on
 rounds that are finished (their accepted counts and timings), never on the current round's
@@ -124,13 +125,13 @@ class AdaptiveK:
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
         self.arms = tuple(arms)
         self.min_gain = min_gain if isinstance(min_gain, dict) else {a: min_gain for a in self.arms}
-        self.idle_gap = probe_idle  # plain rounds before the next probe
+        self.idle_gap: dict[int, int] = {}  # batch size -> plain rounds before its next probe (default probe_idle)
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
         self.stats = {a: _Arm(decay, [0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
         self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
         self.round_no = 0
-        self.idle = 0  # rounds at k = 0 in a row
+        self.idle: dict[int, int] = {}  # batch size -> its rounds at k = 0 in a row
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
         self.idle_probe = False  # the latest choice drafts only to measure while k = 0 wins
@@ -151,15 +152,16 @@ class AdaptiveK:
             arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
             if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
                 best = best_k[arm]
-            self.idle = self.idle + 1 if best == 0 else 0
-            if best == 0 and self.idle >= self.idle_gap:  # plain decoding learns nothing: draft now and then
+            b, gap = len(rows), self.idle_gap.get(len(rows), self.probe_idle)
+            self.idle[b] = self.idle.get(b, 0) + 1 if best == 0 else 0
+            if best == 0 and self.idle[b] >= gap:  # plain decoding learns nothing: draft now and then
                 arm = self.arms[self.idle_probes % len(self.arms)]
                 best = best_k[arm]
                 self.idle_probes += 1
-                self.idle, self.idle_gap = 0, min(2 * self.idle_gap, self.probe_idle_max)
+                self.idle[b], self.idle_gap[b] = 0, min(2 * gap, self.probe_idle_max)
                 self.idle_probe = True
             elif best:
-                self.idle_gap = self.probe_idle
+                self.idle_gap[b] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
                     options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
                     options += [(a, best_k[a]) for a in self.arms if a != arm]

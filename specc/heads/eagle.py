@@ -97,11 +97,16 @@ class EagleHead(nn.Module):
 
     def run(self, input_ids, features, position_ids, cache_len, k_cache, v_cache):
         """Hidden states [B, T, H] and the new KV ([1, B, H_kv, T, D] each)."""
+        mask = self.attention_mask(self.causal_mask(input_ids), cache_len, k_cache.shape[3])
+        h, k, v = self.layer_step(input_ids, features, position_ids, mask, k_cache[0], v_cache[0])
+        return h, k[None], v[None]
+
+    def layer_step(self, input_ids, features, position_ids, mask, k_cache, v_cache):
+        """The layer over fc([embed(ids); features]) with an explicit mask [B, T, S+T] over cache
+        ([B, H_kv, S, D]) and new entries: hidden states and the new entries' KV ([B, H_kv, T, D])."""
         x = self.fc(torch.cat([self.embed_tokens(input_ids), features.to(self.fc.weight.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, position_ids)
-        mask = self.attention_mask(self.causal_mask(input_ids), cache_len, k_cache.shape[3])
-        h, k, v = self.layers[0](x, cos, sin, mask, k_cache[0], v_cache[0])
-        return h, k[None], v[None]
+        return self.layers[0](x, cos, sin, mask, k_cache, v_cache)
 
     def reduced_logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.lm_head)

@@ -104,7 +104,6 @@ class _Line:
 class _Arm:
     """What the policy learned about one way of drafting (an arm): acceptance and round costs."""
 
-    decay: float
     judged: list[float]  # per draft position (1-based), decayed: rounds that reached it
     accepted: list[float]  # ... and accepted it
     hit_rate: float = 1.0
@@ -128,7 +127,7 @@ class AdaptiveK:
         self.idle_gap: dict[int, int] = {}  # batch size -> plain rounds before its next probe (default probe_idle)
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
-        self.stats = {a: _Arm(decay, [0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
+        self.stats = {a: _Arm([0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
         self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
         self.round_no = 0
         self.idle: dict[int, int] = {}  # batch size -> its rounds at k = 0 in a row

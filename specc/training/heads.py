@@ -99,12 +99,12 @@ def eagle_unroll(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
     keys, values, out, f_in = [], [], [], features[:, :t]
     for s in range(min(steps, t)):
         n = t - s  # rounds o = 0..n-1 have a target s + 1 tokens on
-        x = head.fc(torch.cat([head.embed_tokens(tokens[:, 1 + s:]), f_in[:, :n].to(head.fc.weight.dtype)], dim=-1))
-        cos, sin = head.rotary_emb(x, torch.arange(s, s + n)[None].expand(b, n))
         mask = torch.cat([causal[:n, :n]] + [eye[:n, :n]] * s, dim=-1)  # true entries <= o, then round o's own
-        k_cache = torch.cat([k[:, :, :n] for k in keys], dim=2) if keys else x.new_zeros(b, head.n_kv_heads, 0, head.head_dim)
-        v_cache = torch.cat([v[:, :, :n] for v in values], dim=2) if values else k_cache
-        h, k, v = head.layers[0](x, cos, sin, mask[None].expand(b, -1, -1), k_cache, v_cache)
+        empty = head.empty_cache(b)[0]
+        k_cache = torch.cat([k[:, :, :n] for k in keys], dim=2) if keys else empty
+        v_cache = torch.cat([v[:, :, :n] for v in values], dim=2) if values else empty
+        h, k, v = head.layer_step(tokens[:, 1 + s:], f_in[:, :n], torch.arange(s, s + n)[None].expand(b, n),
+                                  mask[None].expand(b, -1, -1), k_cache, v_cache)
         keys.append(k)
         values.append(v)
         out.append(h)

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -198,7 +197,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(16, concurrency))")
+    ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(32, concurrency))")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--code", type=int, default=16, help="code prompts (specc.bench.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
@@ -232,7 +231,7 @@ def main() -> int:
             asyncio.run(run_level(url, mode, 1, [Task("ok", items[0])], 8, {}))
         offset = 0
         for c in args.concurrency:
-            n = args.requests or max(16, c)
+            n = args.requests or max(32, c)
             tasks = make_tasks(items, n, offset)
             offset += n
             order = list(servers.items())

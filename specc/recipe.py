@@ -21,6 +21,7 @@ from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
 DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
+LOOKUP_FIRST_METHODS = ("model", "quantized", "early_exit", "eagle")  # draft.lookup: prompt lookup in front of these
 DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  # methods whose bundle has a draft graph
 PRECISIONS = ("fp32", "fp16", "bf16")
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # GGUF blocks that map exactly onto MatMulNBits
@@ -70,8 +71,8 @@ class DraftSpec:
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     head: str | None = _f(None, "method: medusa or eagle — head directory from `specc train-head`, or a published Medusa / "
                                 "EAGLE-1/2 head (config.json + safetensors)")
-    lookup: bool = _f(False, "method model, quantized or early_exit (chain mode): draft by prompt lookup in rounds where every "
-                             "row finds an n-gram continuation; the model drafts the other rounds")
+    lookup: bool = _f(False, "method model, quantized, early_exit or eagle (chain mode): draft by prompt lookup in rounds where "
+                             "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
 
@@ -225,9 +226,9 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(GGUF_BLOCK_TYPES)}")
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
-    if d.lookup and d.method not in ("model", "quantized", "early_exit"):
-        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model (draft.method model, quantized or "
-                          f"early_exit), not {d.method!r}")
+    if d.lookup and d.method not in LOOKUP_FIRST_METHODS:
+        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
+                          f"{', '.join(LOOKUP_FIRST_METHODS)}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
     if r.sampling.top_p <= 0:

@@ -130,6 +130,53 @@ def test_the_arm_that_pays_is_chosen(model_accepts, want):
     assert policy.choose([0, 1, 2, 3]) > 0 and policy.arm == want
 
 
+def test_probes_of_another_arm_only_measure():
+    """While lookup wins, every few rounds probe the model arm; such a probe must not make the draft model
+    take in rows it has not (`measuring`: the scheduler drafts with warm=False)."""
+    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_every=4)
+    _arm_round(policy, "model", 0, [0] * 4, [0] * 4, 0.010)
+    for _ in range(10):
+        _arm_round(policy, "model", 4, [4] * 4, [1] * 4, 0.016)
+        _arm_round(policy, "lookup", 4, [4, 4, 0, 0], [4, 4, 0, 0], 0.012)
+    picks = []
+    for _ in range(32):
+        k = policy.choose([0, 1, 2, 3])
+        picks.append((k, policy.arm, policy.measuring))
+    assert all(measuring == (arm == "model") for k, arm, measuring in picks if k)
+    assert any(arm == "model" for k, arm, _ in picks if k) and any(arm == "lookup" for k, arm, _ in picks if k)
+
+
+@pytest.mark.parametrize(("behind", "remaining", "drafts"), [(0, 8, True), (400, 4, False), (400, 4000, True)])
+def test_catch_up_is_priced_over_the_rounds_a_row_has_left(behind, remaining, drafts):
+    """A draft model that pays (2 tokens a row at 15 ms vs 1 at 10 ms) but must first take in 400 tokens a
+    row (at the 1 ms a token its earlier catch-up cost): not worth it for rows about to finish, worth it
+    for rows with thousands of tokens left."""
+    policy, rows = AdaptiveK(4), [0, 1, 2, 3]
+    _feed(policy, rows, 0, 0, 0.010)
+    for _ in range(10):
+        _feed(policy, rows, 1, 1, 0.015)
+    policy.observe(RoundRecord(rows, 1, [1] * 4, [1] * 4, 0.0, 0.015, 0.015, catch_up_seconds=0.1, catch_up_tokens=100))
+    assert policy.stats["draft"].catch_up_cost() == pytest.approx(0.001)
+    k = policy.choose(rows, remaining=[remaining] * 4, behind={"draft": [behind] * 4})
+    assert (k > 0) == drafts
+
+
+def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
+    """`behind` is what the next drafting round's catch-up enters: the prompts (but the pending token) of
+    rows not taken in yet, then nothing."""
+    model = specc.load(bundles["draft"])
+    scheduler = Scheduler(model, k="auto")
+    for i, ids in enumerate(model.encode(prompts[:4])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    scheduler._admit()
+    batch = scheduler.batch
+    lag = scheduler.drafter.behind(batch)
+    assert lag == [len(s.tokens) - 1 for s in batch.seqs] and min(lag) > 0
+    proposal = scheduler.drafter.propose(batch, 2, batch.params)
+    assert proposal.catch_up_tokens == sum(lag) and proposal.catch_up_seconds > 0
+    assert scheduler.drafter.behind(batch) == [0] * 4
+
+
 def test_new_rows_start_from_the_acceptance_of_all_rows():
     policy = AdaptiveK(4)
     for _ in range(20):
@@ -162,9 +209,9 @@ class FlippingK(AdaptiveK):
         self.probes = itertools.cycle([False, True, False, True, False])
         self.arm_order = itertools.cycle(range(5))
 
-    def choose(self, rows):
+    def choose(self, rows, remaining=None, behind=None):
         k = min(next(self.order), self.k_max)
-        self.idle_probe = bool(k) and next(self.probes)
+        self.measuring = bool(k) and next(self.probes)
         self.arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too
         self.chosen.append(k)
         return k

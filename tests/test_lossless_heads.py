@@ -12,6 +12,7 @@ from specc.runtime.drafters import heads as head_drafters
 from specc.speculation import sampling
 from specc.testing import make_tiny_model
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
+from test_adaptive import FlippingK
 from test_lossless_sampling import PARAMS, VOCAB, draw, exact_marginals
 
 DYNAMIC = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 6}}
@@ -29,19 +30,32 @@ def head_bundles(tmp_path_factory):
     return target, {
         "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, backend="torch", speculation={"k": 3}),
         "eagle_chain": build_bundle(root / "ec", target, eagle, limits=limits, speculation={"k": 3}),
+        "eagle_lookup": build_bundle(root / "el", target, {**eagle, "lookup": True, "min_ngram": 1}, limits=limits,
+                                     backend="torch", speculation={"k": 3}),
         "medusa_tree": build_bundle(root / "mt", target, medusa, limits=limits, backend="torch", speculation=STATIC),
         "eagle_tree": build_bundle(root / "et", target, eagle, limits=limits, backend="torch", speculation=DYNAMIC),
     }
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree"])
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree", "eagle_lookup"])
 def test_greedy_equals_target_only(head_bundles, name):
     _, bundles = head_bundles
     stats = assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
     assert stats["rounds"] > 0
+    if name == "eagle_lookup":  # prompt lookup drafts some rounds, the head the others
+        assert 0 < stats["lookup_rounds"] < stats["rounds"]
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain",  # trees: per-row Python tree growth over 512 rows
+def test_eagle_behind_lookup_greedy_under_flipping_k(head_bundles, monkeypatch):
+    """k auto, with a policy that changes k (0 included) and the arm (lookup alone, lookup then the head)
+    every round: the head's features stay in step whatever drafted the rounds before."""
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    _, bundles = head_bundles
+    stats = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k="auto")
+    assert 0 < stats["lookup_rounds"] < stats["rounds"]
+
+
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup",  # trees: per-row Python tree growth over 512 rows
                                   pytest.param("eagle_tree", marks=[pytest.mark.slow, pytest.mark.heavy]),
                                   pytest.param("medusa_tree", marks=[pytest.mark.slow, pytest.mark.heavy])])
 def test_sampled_output_has_target_distribution(head_bundles, name):

@@ -43,7 +43,7 @@ def test_minimal_recipe_gets_defaults():
     ({**BASE, "tensorrt": {"optimization_level": 9}}, "tensorrt.optimization_level", "maximum 5"),
     ({**BASE, "tensorrt": {"cuda_graphs": "yes"}}, "tensorrt.cuda_graphs", "true or false"),
     ({**BASE, "target": "m"}, "target", "mapping"),
-    ({**BASE, "draft": {"method": "prompt_lookup", "lookup": True}}, "draft.lookup", "model, quantized or early_exit"),
+    ({**BASE, "draft": {"method": "prompt_lookup", "lookup": True}}, "draft.lookup", "model, quantized, early_exit, eagle"),
     ({"target": {"model": "m"}, "draft": {"method": "quantized", "quantize": "int8", "lookup": True},
       "speculation": {"mode": "tree"}}, "draft.lookup", "speculation.mode chain"),
 ])

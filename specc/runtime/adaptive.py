@@ -23,6 +23,13 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   where drafting rounds differ in kind at the same width (prompt lookup in front of a draft model:
   lookup rounds skip the model), the line may come out flat, and its intercept would make plain
   decoding look as dear as drafting.
+- Catch-up: a draft model enters a row's context lazily (its prompt in the first round that drafts
+  for the row, the tokens of plain rounds in the next drafting round), outside T(B, k). The
+  scheduler tells the policy what each arm would enter per row (`Drafter.behind`) and how many
+  tokens each row may still generate; at the arm's measured seconds per entered token, a row's
+  catch-up is charged to this round in the share of its remaining rounds this round makes
+  (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
+  rounds, costs what it really costs.
 
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
@@ -31,8 +38,9 @@ its own acceptance, hit rate and cost lines (plain rounds price k = 0 for all); 
 the arm whose best k promises the most over its margin.
 
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
-draft model (the scheduler's choice), whose prefill of the rows it has not taken in yet is left
-out of the estimates and is of that order (a gain of ~4% on paper was a loss in the load tests);
+draft model (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
+drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
+int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
 1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains.
 A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
@@ -40,9 +48,9 @@ and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) a
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
 falling back when drafting wins again, so acceptance and costs that change are noticed without
 paying for a probe every few rounds where drafting never pays (a large batch); the gap is kept per
-batch size, so rounds at a smaller batch where drafting wins do not reset it. Such a probe
-drafts only for rows the drafter already took in (`idle_probe`: a draft model's prefill is lazy,
-so rows that joined while k = 0 won are not prefilled in the draft just to measure). The choice depends only on
+batch size, so rounds at a smaller batch where drafting wins do not reset it. Such a probe, and a
+probe of another arm, drafts only for rows the drafter already took in (`measuring`: rows that
+joined while the draft model was not drafting are not prefilled in it just to measure). The choice depends only on
 rounds that are finished (their accepted counts and timings), never on the current round's
 drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
 target's and sampled output has the target's distribution whatever sequence of k the policy picks.
@@ -68,6 +76,8 @@ class RoundRecord:
     seconds: float  # the whole round, host work included (admission/prefill excluded)
     skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
     arm: str = "draft"  # which of the drafter's ways of drafting ran (Drafter.arms)
+    catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
+    catch_up_tokens: int = 0
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's prefill of rows it drafts for is not in the estimates
@@ -109,6 +119,12 @@ class _Arm:
     hit_rate: float = 1.0
     lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
+    catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
+
+    def catch_up_cost(self) -> float:
+        """Seconds per token of context the arm takes in before drafting (0 until it has taken some in)."""
+        seconds, tokens = self.catch_up
+        return seconds / tokens if tokens else 0.0
 
 
 class AdaptiveK:
@@ -133,18 +149,22 @@ class AdaptiveK:
         self.idle: dict[int, int] = {}  # batch size -> its rounds at k = 0 in a row
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
-        self.idle_probe = False  # the latest choice drafts only to measure while k = 0 wins
+        self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
         self.arm = self.arms[0]  # the arm of the latest choice
         self.chosen: list[int] = []  # k of every round so far (tests, metrics)
 
     # -- the decision -------------------------------------------------------------------
-    def choose(self, rows: list[int]) -> int:
-        """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`)."""
+    def choose(self, rows: list[int], remaining: list[int] | None = None,
+               behind: dict[str, list[int]] | None = None) -> int:
+        """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
+
+        remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
+        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left."""
         self.round_no += 1
-        self.idle_probe = False
+        self.measuring = False
         best, arm = 0, self.arms[0]
         if len(rows) in self.plain or any(len(rows) in st.lines for st in self.stats.values()):
-            rates = {a: self.rates(rows, a) for a in self.arms}
+            rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
@@ -158,33 +178,42 @@ class AdaptiveK:
                 best = best_k[arm]
                 self.idle_probes += 1
                 self.idle[b], self.idle_gap[b] = 0, min(2 * gap, self.probe_idle_max)
-                self.idle_probe = True
+                self.measuring = True
             elif best:
                 self.idle_gap[b] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
                     options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
                     options += [(a, best_k[a]) for a in self.arms if a != arm]
                     self.probes += 1
-                    arm, best = options[self.probes % len(options)]
+                    probe_arm, best = options[self.probes % len(options)]
+                    self.measuring, arm = probe_arm != arm, probe_arm
         # else: a batch size never seen: measure plain decoding first, the price of k = 0
         self.arm = arm
         self.chosen.append(best)
         return best
 
-    def rates(self, rows: list[int], arm: str | None = None) -> dict[int, float]:
-        """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max]."""
+    def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
+              behind: list[int] | None = None) -> dict[int, float]:
+        """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max].
+
+        A row the arm must first take `behind` tokens of (at the arm's measured seconds per token) pays
+        for them over the rounds it has left (`remaining` tokens at this round's tokens per row): drafting
+        for a row that is about to finish, or that plain rounds left far behind, is dearer than its round."""
         c = self.conditional(arm)
         estimates = [self.row_estimates(r, c[1], arm) for r in rows]
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h
+        per_token = self.stats[arm or self.arms[0]].catch_up_cost()
+        entry = list(zip(behind, remaining)) if behind and remaining and per_token else []
         out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0, arm)}, 1.0, 0.0
         for k in range(1, self.k_max + 1):
             if k > 1:
                 reach *= c[k]  # chance that drafts 2..k are accepted given the first was
             after_first += reach
-            tokens = sum(h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates)
-            out[k] = tokens / self.round_seconds(len(rows), k * (1 - miss), arm)
+            per_row = [h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates]
+            catch_up = per_token * sum(lag * min(1.0, t / max(left, 1)) for (lag, left), t in zip(entry, per_row))
+            out[k] = sum(per_row) / (self.round_seconds(len(rows), k * (1 - miss), arm) + catch_up)
         return out
 
     def conditional(self, arm: str | None = None) -> list[float]:
@@ -240,6 +269,9 @@ class AdaptiveK:
         arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
         for a in arms:
             self.stats[a].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
+        if record.catch_up_tokens:
+            cu = self.stats[record.arm].catch_up
+            cu[0], cu[1] = self.decay * cu[0] + record.catch_up_seconds, self.decay * cu[1] + record.catch_up_tokens
         if width == 0:
             self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
         live = set(record.rows)

@@ -27,6 +27,7 @@ from .step import pad_right
 from .target import Verdict
 
 if TYPE_CHECKING:
+    from .drafters.base import Proposal
     from .model import SpecModel
 
 
@@ -118,14 +119,15 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped = self.k, None, []
+            k, counts, skipped, entered = self.k, None, [], 0
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
-            elif self.speculative and (k := self.policy.choose(rows) if self.policy else self.k):
-                # a probe of a policy that plain-decodes does not make the drafter take in new rows' context
-                warm = not (self.policy and self.policy.idle_probe)
+            elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
+                # a probe (policy.measuring) does not make the drafter take in rows it has not taken in
+                warm = not (self.policy and self.policy.measuring)
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
-                new_tokens, counts, skipped = self._speculative_round(self.batch, k, warm, arm)
+                new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
+                skipped, entered = proposal.skipped, proposal.catch_up_tokens
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
             n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
@@ -133,7 +135,7 @@ class Scheduler:
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
                                           time.perf_counter() - round_start - caught_up, skipped,
-                                          self.policy.arm if self.policy else "draft")
+                                          self.policy.arm if self.policy else "draft", caught_up, entered)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -141,6 +143,13 @@ class Scheduler:
                 self.batch = None
         self.stats.seconds += time.perf_counter() - start
         return events
+
+    def _policy_k(self, batch: Batch) -> int:
+        """The adaptive policy's k for this round (its arm: `policy.arm`), given what each row may still
+        generate and what each arm would have to take in before drafting."""
+        seqs = batch.seqs
+        return self.policy.choose([s.index for s in seqs], remaining=[s.max_new_tokens - len(s.out) for s in seqs],
+                                  behind={name: d.behind(batch) for name, d in self.drafter.arms.items()})
 
     @contextmanager
     def _timed(self, what: str):
@@ -174,12 +183,12 @@ class Scheduler:
         return [[t] for t in verdict.next_token.tolist()]
 
     def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None
-                           ) -> tuple[list[list[int]], tuple[list[int], list[int]], list[int]]:
+                           ) -> tuple[list[list[int]], tuple[list[int], list[int]], Proposal]:
         """Draft k (with the drafter's arm `arm`, default itself), verify k+1 in one target pass, accept
         a prefix, commit its KV.
 
-        Returns each row's new tokens, the (drafted, accepted) counts of every row and the rows
-        the drafter skipped (not warm)."""
+        Returns each row's new tokens, the (drafted, accepted) counts of every row and the proposal
+        (its rows skipped as not warm, its catch-up)."""
         cache = batch.cache
         drafter = self.drafter.arms[arm] if arm else self.drafter
         with self._timed("draft_seconds"):
@@ -201,7 +210,7 @@ class Scheduler:
                                          proposal.tokens.tolist()):
             seq.stats.record(d, n, proposal.source)
             out.append(drafted[:n] + [t])
-        return out, counts, proposal.skipped
+        return out, counts, proposal
 
     def _tree_round(self, batch: Batch) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
         """Draft a token tree per row, verify all its nodes in one target pass, commit the accepted path.

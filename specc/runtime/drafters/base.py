@@ -26,8 +26,9 @@ class Proposal:
     to verify); source: who drafted them (the drafter's kind, or "lookup" for a prompt-lookup
     round in front of a draft model), for the statistics; skipped: rows left without drafts
     because the drafter has not taken in their context yet and was told not to (`propose(warm=False)`,
-    for a round that only probes whether drafting pays); catch_up_seconds: time spent entering
-    context the drafter had not taken in (a lazy prefill, not the cost of this round's drafts).
+    for a round that only probes whether drafting pays); catch_up_seconds, catch_up_tokens: time
+    spent entering context the drafter had not taken in, and how many tokens (a lazy prefill or a
+    catch-up after rounds it did not draft: not the cost of this round's drafts).
     """
 
     tokens: torch.Tensor
@@ -36,6 +37,7 @@ class Proposal:
     source: str
     skipped: list[int] = field(default_factory=list)
     catch_up_seconds: float = 0.0
+    catch_up_tokens: int = 0
 
 
 @dataclass
@@ -76,6 +78,12 @@ class Drafter:
     def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
         """Called once the prompts' target pass is committed, with its verdict (`extra` holds further
         outputs of the target graph over the prompt tokens, e.g. `features`): for drafters that read them."""
+
+    def behind(self, batch: Batch) -> list[int]:
+        """Tokens of each row this drafter would take in before its next drafts (a lazy prefill, or a
+        catch-up after rounds it did not draft for): what an adaptive policy must price in. 0 for
+        drafters that draft from what they already hold."""
+        return [0] * len(batch.seqs)
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that

@@ -8,8 +8,7 @@ import torch
 from ...speculation.sampling import RowParams
 from ..state import Batch
 from ..stats import LOOKUP
-from .base import DraftContext, Drafter, Proposal
-from .model import ModelDrafter
+from .base import DraftContext, Drafter, GraphDrafter, Proposal
 
 
 class PromptLookupDrafter(Drafter):
@@ -60,18 +59,19 @@ class PromptLookupDrafter(Drafter):
 
 
 class LookupFirstDrafter(Drafter):
-    """Prompt lookup first, the draft model where lookup finds nothing (recipe: draft.lookup).
+    """Prompt lookup first, the draft model (or EAGLE head) where lookup finds nothing (recipe: draft.lookup).
 
     A round whose every row finds an n-gram continuation drafts from the context alone and
     skips the model; otherwise the model drafts for the whole batch. The choice depends only
     on the context, never on this round's noise, and each round's q is the distribution its
     drafts were drawn from, so acceptance stays exact. The model's cache catches up on the
-    tokens of lookup rounds in its next round (ModelDrafter feeds whatever its cache lacks).
+    tokens of lookup rounds in its next round (ModelDrafter feeds whatever its cache lacks; an
+    EAGLE head enters the features every verify pass hands it, lookup rounds' included).
     """
 
     lookup_first = True
 
-    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+    def __init__(self, lookup: PromptLookupDrafter, model: GraphDrafter):
         self.lookup, self.model = lookup, model
         self.kind, self.lazy_prefill = model.kind, model.lazy_prefill
 
@@ -83,6 +83,12 @@ class LookupFirstDrafter(Drafter):
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.model.prefill(batch, ids, lengths)
+
+    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+        self.model.after_prefill(batch, lengths, verdict)  # an EAGLE head takes the prompt's features
+
+    def behind(self, batch: Batch) -> list[int]:
+        return self.model.behind(batch)  # what a round that needs the model enters first
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]

@@ -38,16 +38,25 @@ class ModelDrafter(GraphDrafter):
         """The draft KV this batch's rounds extend."""
         return batch.draft_cache
 
-    def catch_up(self, batch: Batch, warm: bool = True) -> list[int]:
-        """Enter the tokens of rows far behind (all but the pending one) in a call over those rows only;
-        cold rows (nothing entered yet) only when `warm`. Returns the rows still cold."""
+    def behind(self, batch: Batch) -> list[int]:
+        """Tokens `catch_up` would enter per row: all but the pending one for cold rows (nothing entered
+        yet) and rows more than CATCH_UP behind; 0 for the rest (their few tokens ride in the first draft step)."""
         cache = self.cache(batch)
         if not isinstance(cache, KVCache):
-            return []
+            return [0] * len(batch.seqs)
+        return [len(s.tokens) - 1 - n if n == 0 or len(s.tokens) - n > CATCH_UP else 0
+                for s, n in zip(batch.seqs, cache.lengths.tolist())]
+
+    def catch_up(self, batch: Batch, warm: bool = True) -> tuple[list[int], int]:
+        """Enter the tokens of rows far behind (all but the pending one) in a call over those rows only;
+        cold rows (nothing entered yet) only when `warm`. Returns the rows still cold and the tokens entered."""
+        cache = self.cache(batch)
+        if not isinstance(cache, KVCache):
+            return [], 0
         lengths = cache.lengths.tolist()
         cold = [b for b, n in enumerate(lengths) if n == 0 and not warm]
-        rows = [b for b, (s, n) in enumerate(zip(batch.seqs, lengths))
-                if (n == 0 and warm) or (n > 0 and len(s.tokens) - n > CATCH_UP)]
+        lag = self.behind(batch)
+        rows = [b for b, d in enumerate(lag) if d and (warm or lengths[b] > 0)]
         if rows:
             sub = cache.take(rows)
             feed, n_feed = pad_right([batch.seqs[b].tokens[lengths[b]:-1] for b in rows], cache.lengths.device)
@@ -55,7 +64,7 @@ class ModelDrafter(GraphDrafter):
             _, new_k, new_v = self.step(feed, sub, logit_index=torch.zeros_like(n_feed)[:, None])
             sub.commit(new_k, new_v, n_feed)
             cache.put(rows, sub)
-        return cold
+        return cold, sum(lag[b] for b in rows)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
@@ -64,13 +73,13 @@ class ModelDrafter(GraphDrafter):
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         start = time.perf_counter()
-        cold = self.catch_up(batch, warm)
+        cold, entered = self.catch_up(batch, warm)
         caught_up = time.perf_counter() - start
         cache = self.cache(batch)
         if len(cold) == len(batch.seqs):  # nothing to draft from: an empty proposal, a plain round
             empty = torch.zeros(len(cold), 0, dtype=torch.long, device=cache.lengths.device)
             q = None if params.all_greedy else torch.zeros(*empty.shape, self.step.dims.vocab_size, device=empty.device)
-            return Proposal(empty, q, torch.zeros_like(cache.lengths), self.kind, cold, caught_up)
+            return Proposal(empty, q, torch.zeros_like(cache.lengths), self.kind, cold, caught_up, entered)
         # Feed what the draft cache lacks: the pending token, and after a fully accepted round also
         # the last draft token (its KV was never computed). Cold rows run along on their pending
         # token, commit nothing and propose nothing.
@@ -92,7 +101,7 @@ class ModelDrafter(GraphDrafter):
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, k * drafting, self.kind, cold, caught_up)
+        return Proposal(torch.stack(tokens, 1), q, k * drafting, self.kind, cold, caught_up, entered)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).

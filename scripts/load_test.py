@@ -234,9 +234,24 @@ def main() -> int:
             n = args.requests or max(32, c)
             tasks = make_tasks(items, n, offset)
             offset += n
+            # Modes take turns on the same requests. A slow drift of the machine's speed (it moves a few
+            # percent over minutes here) would favour whichever mode runs first, so a level that holds
+            # at least two rounds of its concurrency runs in two halves, A B C then C B A, and each
+            # mode's figures cover both; a level that does not alternates the order with the next level.
             order = list(servers.items())
-            for mode, (_, url) in (order if len(rows) // len(order) % 2 == 0 else order[::-1]):  # alternate the order
-                level = asyncio.run(run_level(url, mode, c, tasks, args.max_tokens, want))
+            if len(rows) // len(order) % 2:
+                order = order[::-1]
+            halves = [tasks[:n // 2], tasks[n // 2:]] if n >= 2 * c else [tasks]
+            levels: dict[str, Level] = {}
+            for half, part in enumerate(halves):
+                for mode, (_, url) in (order if half == 0 else order[::-1]):
+                    level = asyncio.run(run_level(url, mode, c, part, args.max_tokens, want))
+                    if mode in levels:
+                        levels[mode].seconds += level.seconds
+                        levels[mode].results += level.results
+                    else:
+                        levels[mode] = level
+            for mode, level in levels.items():
                 s = level.summary()
                 rows.append(s)
                 print(f"c={c:<3} {mode:<6} {s['completed']}/{n} ok, {len(s['problems'])} problems, "

@@ -76,11 +76,12 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
     prompts.write_text('{"prompt": "def f(x):", "kind": "code"}\n{"prompt": "hi there", "chat": true, "kind": "chat"}\n')
     out = tmp_path / "bench.json"
     assert main(["bench", str(cli_bundle), "--prompts", str(prompts), "--max-new-tokens", "12", "--k", "2", "--k", "3",
-                 "--json", str(out)]) == 0
+                 "--k", "auto", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "specc target-only" in table and "bundle [model] chain k=2" in table
     result = json.loads(out.read_text())
-    assert set(result["systems"]) == {"specc target-only", "bundle [model] chain k=2", "bundle [model] chain k=3"}
+    assert set(result["systems"]) == {"specc target-only", "bundle [model] chain k=2", "bundle [model] chain k=3",
+                                      "bundle [model] chain k=auto"}
     for s in result["systems"].values():
         assert s["outputs_equal"] == "2/2" and s["tokens_per_second"] > 0
 

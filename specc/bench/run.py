@@ -131,7 +131,7 @@ def target_build(manifest) -> str:
     return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}"
 
 
-def specc_systems(models: list, k_values: list[int], trees: list, batch_size: int = 1, seed: int = 0) -> list[SpeccSystem]:
+def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0) -> list[SpeccSystem]:
     """Target-only on the first bundle's target, then every speculative variant asked for, per bundle.
 
     A bundle whose target was compiled differently (another quantisation, backend or precision: other
@@ -237,7 +237,7 @@ def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
     return {k: n / s if s else None for k, (n, s) in kinds.items()}
 
 
-def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int] = (), trees: list = (),
+def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int | str] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
               compare: str | None = None, progress: bool = True, llamacpp: dict | None = None) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
@@ -263,15 +263,17 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         raise SpeccError(f"bundles compare only against one shared target; these have {sorted(targets)}")
     prompts = encode_prompts(models[0], items)
     systems, skipped = [], []
+    # the anchors' draft lengths: the integer k asked for (k "auto" is specc's alone), else the recipes'
+    anchor_k = [k for k in k_values if k != "auto"] or sorted({m.k for m in models if m.k != "auto"})
     if compare == "hf":
         from .hf import hf_systems
 
-        systems, skipped = hf_systems(models, list(k_values) or sorted({m.k for m in models}), models[0].tokenizer)
+        systems, skipped = hf_systems(models, anchor_k, models[0].tokenizer)
     systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)
     if compare == "llamacpp":
         from .llamacpp import systems_for_bench
 
-        systems += systems_for_bench(models, list(k_values) or sorted({m.k for m in models}), llamacpp or {}, prompts,
+        systems += systems_for_bench(models, anchor_k, llamacpp or {}, prompts,
                                      max_new_tokens)
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)

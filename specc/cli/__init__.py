@@ -369,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompts(p)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--k", type=int, action="append", help="chain speculation length to measure (repeatable)")
+    p.add_argument("--k", type=_k_value, action="append",
+                   help="chain speculation length to measure, or auto (adaptive k; repeatable)")
     p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES to measure on tree bundles (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")

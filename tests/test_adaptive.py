@@ -130,6 +130,40 @@ def test_the_arm_that_pays_is_chosen(model_accepts, want):
     assert policy.choose([0, 1, 2, 3]) > 0 and policy.arm == want
 
 
+@pytest.mark.parametrize(("found", "want"), [(True, "lookup"), (False, "model")])
+def test_the_lookup_arm_is_priced_by_this_rounds_hits(found, want):
+    """Batch 1, lookup in front of a draft model: lookup (free, all accepted when it finds something) beats
+    the model on average, but a round where lookup finds nothing gets no drafts from it: the model's then."""
+    policy = AdaptiveK(4, arms=("model", "lookup"))
+    policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.010, 0.010, arm="model"))
+    for _ in range(20):
+        policy.observe(RoundRecord([0], 4, [4], [2], 0.004, 0.012, 0.016, arm="model"))
+        policy.observe(RoundRecord([0], 4, [4], [4], 0.0, 0.012, 0.012, arm="lookup"))
+    assert policy.choose([0], finds={"model": None, "lookup": [found]}) > 0 and policy.arm == want
+
+
+def test_lookup_rounds_of_the_model_arm_are_booked_to_the_lookup_arm(bundles, prompts):
+    """A policy that always asks for the model arm: rounds where every row found a continuation were drafted
+    by lookup and are the lookup arm's to learn from."""
+    class ModelArm(AdaptiveK):
+        def choose(self, rows, remaining=None, behind=None, finds=None):
+            self.arm, self.measuring = "model", False
+            return 3
+
+        def observe(self, record):
+            seen.append(record.arm)
+
+    seen: list[str] = []
+    model = specc.load(bundles["lookup_first"])
+    scheduler = Scheduler(model, k="auto", max_batch=1)  # one row: lookup finds for all rows often
+    scheduler.policy = ModelArm(4, arms=("model", "lookup"))
+    for i, ids in enumerate(model.encode(prompts[:4])):
+        scheduler.submit(model.new_request(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
+    while scheduler.busy:
+        scheduler.step()
+    assert "lookup" in seen and "model" in seen
+
+
 def test_probes_of_another_arm_only_measure():
     """While lookup wins, every few rounds probe the model arm; such a probe must not make the draft model
     take in rows it has not (`measuring`: the scheduler drafts with warm=False)."""
@@ -209,7 +243,7 @@ class FlippingK(AdaptiveK):
         self.probes = itertools.cycle([False, True, False, True, False])
         self.arm_order = itertools.cycle(range(5))
 
-    def choose(self, rows, remaining=None, behind=None):
+    def choose(self, rows, remaining=None, behind=None, finds=None):
         k = min(next(self.order), self.k_max)
         self.measuring = bool(k) and next(self.probes)
         self.arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too

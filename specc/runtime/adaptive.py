@@ -10,7 +10,8 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   whole runs, so its later drafts are accepted more often than its first; with every c_i equal
   this is `specc tune`'s E(alpha, k)); alpha_b is the row's own acceptance of its first draft over
   its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
-  fraction of its recent rounds that had a draft at all (prompt lookup may find none). Each c_i
+  fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
+  drafter says beforehand which rows it will find drafts for, `Drafter.finds`, h_b is 0 or 1). Each c_i
   is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
   the ones before. k = 0 is plain decoding: 1 token per row.
 - T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
@@ -35,7 +36,9 @@ Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt 
 a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
 without drafts and never runs the model ("lookup": no draft cost, no draft prefill). Each arm has
 its own acceptance, hit rate and cost lines (plain rounds price k = 0 for all); each round takes
-the arm whose best k promises the most over its margin.
+the arm whose best k promises the most over its margin. Lookup knows before drafting which rows it
+finds a continuation for, so the lookup arm is priced with this round's hits, not an average; a
+round of the model arm that lookup drafted (every row found one) is booked to the lookup arm.
 
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
 draft model (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
@@ -80,7 +83,7 @@ class RoundRecord:
     catch_up_tokens: int = 0
 
 
-MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's prefill of rows it drafts for is not in the estimates
+MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
 PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
 
 
@@ -155,16 +158,17 @@ class AdaptiveK:
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int], remaining: list[int] | None = None,
-               behind: dict[str, list[int]] | None = None) -> int:
+               behind: dict[str, list[int]] | None = None, finds: dict[str, list[bool] | None] | None = None) -> int:
         """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
-        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left."""
+        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
+        arm, whether it will find drafts for each row this round (`Drafter.finds`), where it knows."""
         self.round_no += 1
         self.measuring = False
         best, arm = 0, self.arms[0]
         if len(rows) in self.plain or any(len(rows) in st.lines for st in self.stats.values()):
-            rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a)) for a in self.arms}
+            rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
@@ -193,14 +197,17 @@ class AdaptiveK:
         return best
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
-              behind: list[int] | None = None) -> dict[int, float]:
+              behind: list[int] | None = None, finds: list[bool] | None = None) -> dict[int, float]:
         """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max].
 
         A row the arm must first take `behind` tokens of (at the arm's measured seconds per token) pays
         for them over the rounds it has left (`remaining` tokens at this round's tokens per row): drafting
-        for a row that is about to finish, or that plain rounds left far behind, is dearer than its round."""
+        for a row that is about to finish, or that plain rounds left far behind, is dearer than its round.
+        `finds` (whether the arm will have drafts for each row this round) replaces the rows' hit rates."""
         c = self.conditional(arm)
         estimates = [self.row_estimates(r, c[1], arm) for r in rows]
+        if finds is not None:
+            estimates = [(alpha, float(found)) for (alpha, _), found in zip(estimates, finds)]
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h

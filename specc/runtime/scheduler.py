@@ -22,7 +22,7 @@ from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sample
 from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
-from .stats import RunStats
+from .stats import LOOKUP, RunStats
 from .step import pad_right
 from .target import Verdict
 
@@ -119,7 +119,7 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped, entered = self.k, None, [], 0
+            k, counts, skipped, entered, arm = self.k, None, [], 0, None
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
@@ -128,6 +128,8 @@ class Scheduler:
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
                 new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
                 skipped, entered = proposal.skipped, proposal.catch_up_tokens
+                if proposal.source == LOOKUP and LOOKUP in self.drafter.arms:  # lookup first drafted by lookup
+                    arm = LOOKUP  # a round of the lookup arm, whichever arm was asked for
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
             n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))
@@ -135,7 +137,7 @@ class Scheduler:
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
                                           time.perf_counter() - round_start - caught_up, skipped,
-                                          self.policy.arm if self.policy else "draft", caught_up, entered)
+                                          arm or (self.policy.arm if self.policy else "draft"), caught_up, entered)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -146,10 +148,12 @@ class Scheduler:
 
     def _policy_k(self, batch: Batch) -> int:
         """The adaptive policy's k for this round (its arm: `policy.arm`), given what each row may still
-        generate and what each arm would have to take in before drafting."""
-        seqs = batch.seqs
+        generate, what each arm would have to take in before drafting and, with more than one arm,
+        which rows each arm would find drafts for (prompt lookup knows before it drafts)."""
+        seqs, arms = batch.seqs, self.drafter.arms
         return self.policy.choose([s.index for s in seqs], remaining=[s.max_new_tokens - len(s.out) for s in seqs],
-                                  behind={name: d.behind(batch) for name, d in self.drafter.arms.items()})
+                                  behind={name: d.behind(batch) for name, d in arms.items()},
+                                  finds={name: d.finds(batch) for name, d in arms.items()} if len(arms) > 1 else None)
 
     @contextmanager
     def _timed(self, what: str):

@@ -85,6 +85,11 @@ class Drafter:
         drafters that draft from what they already hold."""
         return [0] * len(batch.seqs)
 
+    def finds(self, batch: Batch) -> list[bool] | None:
+        """Whether each row would get drafts this round, for drafters that know beforehand (prompt lookup:
+        whether the context has a continuation); None: it drafts for every row."""
+        return None
+
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that
         takes in a row's context lazily (a draft model's prefill) may skip rows it has not taken in yet,

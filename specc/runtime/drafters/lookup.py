@@ -38,6 +38,9 @@ class PromptLookupDrafter(Drafter):
                     return tokens[start + n:start + n + k]
         return []
 
+    def finds(self, batch: Batch) -> list[bool]:
+        return [bool(self.lookup(s.tokens, 1)) for s in batch.seqs]
+
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
 
@@ -77,9 +80,10 @@ class LookupFirstDrafter(Drafter):
 
     @property
     def arms(self) -> dict[str, Drafter]:
-        """"model": lookup first, the model for the rest; "lookup": lookup alone (rows it misses get
-        no drafts; no model call, so no draft prefill either)."""
-        return {"model": self, "lookup": self.lookup}
+        """"model": lookup first, the model for the rest; "lookup" (LOOKUP, also the source of this
+        drafter's lookup rounds): lookup alone (rows it misses get no drafts; no model call, so no
+        draft prefill either)."""
+        return {"model": self, LOOKUP: self.lookup}
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         self.model.prefill(batch, ids, lengths)

@@ -100,9 +100,10 @@ def eagle_unroll(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
     for s in range(min(steps, t)):
         n = t - s  # rounds o = 0..n-1 have a target s + 1 tokens on
         mask = torch.cat([causal[:n, :n]] + [eye[:n, :n]] * s, dim=-1)  # true entries <= o, then round o's own
-        empty = head.empty_cache(b)[0]
-        k_cache = torch.cat([k[:, :, :n] for k in keys], dim=2) if keys else empty
-        v_cache = torch.cat([v[:, :, :n] for v in values], dim=2) if values else empty
+        if keys:
+            k_cache, v_cache = (torch.cat([x[:, :, :n] for x in kv], dim=2) for kv in (keys, values))
+        else:
+            k_cache = v_cache = head.empty_cache(b)[0]
         h, k, v = head.layer_step(tokens[:, 1 + s:], f_in[:, :n], torch.arange(s, s + n)[None].expand(b, n),
                                   mask[None].expand(b, -1, -1), k_cache, v_cache)
         keys.append(k)

@@ -195,6 +195,29 @@ def test_catch_up_is_priced_over_the_rounds_a_row_has_left(behind, remaining, dr
     assert (k > 0) == drafts
 
 
+@pytest.mark.parametrize(("hidden", "keeps_drafting"), [(0.0, True), (4.0, False)])
+def test_drafting_is_judged_by_what_its_chosen_rounds_made(hidden, keeps_drafting):
+    """Drafting rounds that every estimate says pay (k + 1 tokens a row at 10 + 2.5 k ms vs 1 at 10 ms) but
+    each spend `hidden` times their own seconds on work no estimate sees (a catch-up the policy is not
+    told about): the calibration learns what the chosen rounds really make, and the policy decodes
+    plainly (but for its idle probes, which only measure). Without hidden work it keeps drafting."""
+    policy, rows = AdaptiveK(4, probe_every=1000), [0, 1]
+    _feed(policy, rows, 0, 0, 0.010)
+    for k in (1, 2):
+        _feed(policy, rows, k, k, 0.010 + 0.0025 * k)
+    picks = []
+    for _ in range(80):
+        k = policy.choose(rows)
+        picks.append((k, policy.measuring))
+        seconds = 0.010 + 0.0025 * k
+        policy.observe(RoundRecord(rows, k, [k] * 2, [k] * 2, 0.0, seconds, seconds,
+                                   catch_up_seconds=hidden * seconds if k else 0.0))
+    assert picks[0][0] > 0
+    chosen = [k for k, measuring in picks[-30:] if not measuring]
+    assert all(chosen) if keeps_drafting else not any(chosen)
+    assert (policy.calibration(2) < 0.5) == (not keeps_drafting)
+
+
 def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
     """`behind` is what the next drafting round's catch-up enters: the prompts (but the pending token) of
     rows not taken in yet, then nothing."""

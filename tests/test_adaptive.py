@@ -234,6 +234,25 @@ def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
     assert scheduler.drafter.behind(batch) == [0] * 4
 
 
+def test_lookup_in_front_owes_nothing_where_lookup_drafts_every_row(bundles, prompts):
+    """Prompt lookup in front of the draft model: a round where lookup finds a continuation for every row
+    never runs the model, so it has nothing to take in first; otherwise the model's catch-up."""
+    model = specc.load(bundles["lookup_first"])
+    scheduler = Scheduler(model, k="auto")
+    for i, ids in enumerate(model.encode(prompts[:2])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    scheduler._admit()
+    batch, drafter = scheduler.batch, scheduler.drafter
+    lag = drafter.model.behind(batch)
+    assert min(lag) > 0
+    for seq in batch.seqs:  # a context that ends by repeating its own start: lookup finds a continuation
+        seq.out.extend(seq.prompt[:3])
+    assert all(drafter.lookup.finds(batch)) and drafter.behind(batch) == [0, 0]
+    seq = batch.seqs[0]
+    seq.out.append(max(seq.tokens) + 1)  # a token never seen before: no continuation
+    assert not drafter.lookup.finds(batch)[0] and drafter.behind(batch) == drafter.model.behind(batch)
+
+
 def test_new_rows_start_from_the_acceptance_of_all_rows():
     policy = AdaptiveK(4)
     for _ in range(20):

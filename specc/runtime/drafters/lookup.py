@@ -92,7 +92,10 @@ class LookupFirstDrafter(Drafter):
         self.model.after_prefill(batch, lengths, verdict)  # an EAGLE head takes the prompt's features
 
     def behind(self, batch: Batch) -> list[int]:
-        return self.model.behind(batch)  # what a round that needs the model enters first
+        """What a round that needs the model enters first; nothing where lookup drafts every row."""
+        if all(self.lookup.finds(batch)):
+            return [0] * len(batch.seqs)
+        return self.model.behind(batch)
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]

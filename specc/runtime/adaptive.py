@@ -31,12 +31,6 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   catch-up is charged to this round in the share of its remaining rounds this round makes
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
   rounds, costs what it really costs.
-- Calibration: each drafting round the policy chose (not a probe that only measures) is compared with
-  what was predicted for it: per arm and batch size, realized tokens per second (its catch-up paid in
-  full) over predicted, decayed and shrunk towards 1, multiplies that arm's drafting estimates. The
-  rounds chosen are those whose estimates looked best, so on average those that erred upwards (the
-  optimizer's curse), and a catch-up amortized over rounds a row then did not draft is paid all the
-  same: near break-even, both decide whether drafting pays, and neither shows in any single estimate.
 
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
@@ -120,31 +114,6 @@ class _Line:
 
 
 @dataclass
-class _Calibration:
-    """Decayed sums over the rounds an arm drafted by choice at one batch size: the tokens and seconds
-    predicted when it was chosen, and the tokens it made and seconds it took (its catch-up included)."""
-
-    predicted_tokens: float = 0.0
-    predicted_seconds: float = 0.0
-    tokens: float = 0.0
-    seconds: float = 0.0
-    rounds: float = 0.0
-
-    def add(self, decay: float, predicted: tuple[float, float], tokens: float, seconds: float) -> None:
-        self.predicted_tokens = decay * self.predicted_tokens + predicted[0]
-        self.predicted_seconds = decay * self.predicted_seconds + predicted[1]
-        self.tokens, self.seconds = decay * self.tokens + tokens, decay * self.seconds + seconds
-        self.rounds = decay * self.rounds + 1
-
-    def factor(self, weight: float) -> float:
-        """Realized over predicted tokens per second, shrunk towards 1 by `weight` rounds."""
-        if not self.rounds or not self.seconds or not self.predicted_tokens:
-            return 1.0
-        raw = (self.tokens / self.seconds) / (self.predicted_tokens / self.predicted_seconds)
-        return (self.rounds * raw + weight) / (self.rounds + weight)
-
-
-@dataclass
 class _Arm:
     """What the policy learned about one way of drafting (an arm): acceptance and round costs."""
 
@@ -154,7 +123,6 @@ class _Arm:
     lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
     catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
-    calibration: dict[int, _Calibration] = field(default_factory=dict)  # batch size -> its chosen rounds' outcome
 
     def catch_up_cost(self) -> float:
         """Seconds per token of context the arm takes in before drafting (0 until it has taken some in)."""
@@ -186,9 +154,13 @@ class AdaptiveK:
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
         self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
         self.arm = self.arms[0]  # the arm of the latest choice
-        self.chosen: list[int] = []  # k of every round so far (tests, metrics)
-        self.expected: tuple[int, str, tuple[float, float]] | None = None  # (batch size, arm, (tokens, seconds)) predicted for the latest choice
-        self.calibration_weight = prior_weight
+        self.chosen: deque[int] = deque(maxlen=4096)  # k of the latest rounds (tests)
+
+    def forget_rows(self) -> None:
+        """Drop what was learned per request (a new call numbers its requests from 0 again); what
+        was learned about the drafter and the machine (acceptance by position, costs) stays."""
+        for st in self.stats.values():
+            st.rows.clear()
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int], remaining: list[int] | None = None,
@@ -199,7 +171,7 @@ class AdaptiveK:
         take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
         arm, whether it will find drafts for each row this round (`Drafter.finds`), where it knows."""
         self.round_no += 1
-        self.measuring, self.expected = False, None
+        self.measuring = False
         best, arm = 0, self.arms[0]
         if len(rows) in self.plain or any(len(rows) in st.lines for st in self.stats.values()):
             rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
@@ -225,9 +197,6 @@ class AdaptiveK:
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
                     self.measuring, arm = probe_arm != arm, probe_arm
-            if best and not self.measuring:  # what the choice promises, to compare with what it does
-                predicted = self.predict(rows, arm, remaining, (behind or {}).get(arm), (finds or {}).get(arm))[best]
-                self.expected = (len(rows), arm, predicted)
         # else: a batch size never seen: measure plain decoding first, the price of k = 0
         self.arm = arm
         self.chosen.append(best)
@@ -235,24 +204,7 @@ class AdaptiveK:
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
               behind: list[int] | None = None, finds: list[bool] | None = None) -> dict[int, float]:
-        """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max]:
-        `predict`'s tokens over seconds, drafting rounds times the arm's calibration at this batch size
-        (what its chosen rounds made per second over what was predicted for them)."""
-        factor = self.calibration(len(rows), arm)
-        return {k: tokens / seconds * (factor if k else 1.0)
-                for k, (tokens, seconds) in self.predict(rows, arm, remaining, behind, finds).items()}
-
-    def calibration(self, b: int, arm: str | None = None) -> float:
-        """Realized over predicted tokens per second of the arm's chosen drafting rounds at batch size b (1
-        until it has some): estimates that are chosen because they look best are, on average, the ones
-        that erred upwards, and a catch-up amortized over rounds the row then did not draft is paid all
-        the same; near break-even both decide whether drafting pays."""
-        cal = self.stats[arm or self.arms[0]].calibration.get(b)
-        return cal.factor(self.calibration_weight) if cal else 1.0
-
-    def predict(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
-                behind: list[int] | None = None, finds: list[bool] | None = None) -> dict[int, tuple[float, float]]:
-        """(tokens, seconds) the whole batch is predicted to make and take in a round of k drafts, every k in [0, k_max].
+        """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max].
 
         A row the arm must first take `behind` tokens of (at the arm's measured seconds per token) pays
         for them over the rounds it has left (`remaining` tokens at this round's tokens per row): drafting
@@ -267,14 +219,14 @@ class AdaptiveK:
             miss *= 1 - h
         per_token = self.stats[arm or self.arms[0]].catch_up_cost()
         entry = list(zip(behind, remaining)) if behind and remaining and per_token else []
-        out, reach, after_first = {0: (float(len(rows)), self.round_seconds(len(rows), 0.0, arm))}, 1.0, 0.0
+        out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0, arm)}, 1.0, 0.0
         for k in range(1, self.k_max + 1):
             if k > 1:
                 reach *= c[k]  # chance that drafts 2..k are accepted given the first was
             after_first += reach
             per_row = [h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates]
             catch_up = per_token * sum(lag * min(1.0, t / max(left, 1)) for (lag, left), t in zip(entry, per_row))
-            out[k] = (sum(per_row), self.round_seconds(len(rows), k * (1 - miss), arm) + catch_up)
+            out[k] = sum(per_row) / (self.round_seconds(len(rows), k * (1 - miss), arm) + catch_up)
         return out
 
     def conditional(self, arm: str | None = None) -> list[float]:
@@ -327,11 +279,6 @@ class AdaptiveK:
         """Learn from a finished round (call before the next `choose`)."""
         b = len(record.rows)
         width = max(record.n_draft, default=0) if record.k else 0
-        expected, self.expected = self.expected, None
-        if expected and record.k and expected[:2] == (b, record.arm):
-            cal = self.stats[record.arm].calibration.setdefault(b, _Calibration())
-            cal.add(self.decay, expected[2], sum(n + 1 for n in record.n_accepted),
-                    record.seconds + record.catch_up_seconds)
         arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
         for a in arms:
             self.stats[a].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)

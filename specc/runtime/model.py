@@ -58,6 +58,7 @@ class SpecModel:
             self.max_context, self.target.dims.vocab_size))
         self.tokenizer = load_tokenizer(bundle)
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
+        self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 
     def _load_graph(self, role: str) -> StepRunner:
         entry = self.bundle.graph(role)

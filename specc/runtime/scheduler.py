@@ -73,7 +73,12 @@ class Scheduler:
                 # a drafter whose first rounds for a row pay its prefill must promise more than plain decoding
                 arms = self.drafter.arms
                 margins = {name: MIN_GAIN_LAZY_PREFILL if d.lazy_prefill else 1.0 for name, d in arms.items()}
-                self.policy = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms))
+                # one policy per model and settings: a call starts from what earlier calls learned
+                key = (AdaptiveK, auto_k_max(model.k), tuple(margins.items()))
+                if key not in model.policies:
+                    model.policies[key] = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms))
+                self.policy = model.policies[key]
+                self.policy.forget_rows()
             k = self.policy.k_max if self.policy else None
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")

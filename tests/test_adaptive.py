@@ -89,6 +89,20 @@ def test_plain_rounds_are_priced_by_what_they_cost():
     assert policy.choose(rows) == 0
 
 
+def test_drafting_costs_are_not_washed_out_by_plain_rounds():
+    """At a large batch most rounds are plain: the few drafting rounds still price drafting (20 ms at
+    width 1, a line from plain decoding's 10 ms), not a prior slope."""
+    policy, rows = AdaptiveK(4), [0, 1, 2, 3]
+    _feed(policy, rows, 0, 0, 0.010)
+    for _ in range(3):
+        _feed(policy, rows, 1, 1, 0.020)
+    for _ in range(100):
+        _feed(policy, rows, 0, 0, 0.010)
+    assert policy.round_seconds(4, 1) == pytest.approx(0.020, rel=0.02)
+    assert policy.round_seconds(4, 3) == pytest.approx(0.040, rel=0.02)
+    assert policy.round_seconds(2, 1) == pytest.approx(2 * policy.round_seconds(2, 0), rel=0.02)  # c/a of batch 4
+
+
 @pytest.mark.parametrize(("min_gain", "expect_drafting"), [(1.0, True), (1.1, False)])
 def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     """Drafting that promises ~8% more than plain decoding does not run with the default margin."""
@@ -339,6 +353,29 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     assert scheduler.stats.speculation.accepted == scheduler.stats.speculation.drafted
     slow = model.generate(prompts[:10], max_new_tokens=20, speculative=False)
     assert [done[i] for i in range(10)] == [c.token_ids for c in slow]
+
+
+def test_a_probe_takes_in_a_lone_row(bundles, prompts):
+    """At batch 1 a probe that skipped the row would draft nothing and the arm would never be measured:
+    it takes the row in. With the target as its own draft every draft is accepted; output is the target's."""
+    class AlwaysProbe(AdaptiveK):
+        def choose(self, rows, remaining=None, behind=None, finds=None):
+            self.measuring = True
+            return 3
+
+    model = specc.load(bundles["self"])
+    scheduler = Scheduler(model, k="auto", max_batch=1)
+    scheduler.policy = AlwaysProbe(4)
+    for i, ids in enumerate(model.encode(prompts[:3])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    done: dict[int, list[int]] = {}
+    while scheduler.busy:
+        for event in scheduler.step():
+            done.setdefault(event.index, []).extend(event.token_ids)
+    assert scheduler.stats.speculation.drafted > 0
+    assert scheduler.stats.speculation.accepted == scheduler.stats.speculation.drafted
+    slow = model.generate(prompts[:3], max_new_tokens=20, speculative=False)
+    assert [done[i] for i in range(3)] == [c.token_ids for c in slow]
 
 
 def test_auto_k_bad_values_are_refused(bundles):

@@ -128,8 +128,9 @@ class Scheduler:
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
-                # a probe (policy.measuring) does not make the drafter take in rows it has not taken in
-                warm = not (self.policy and self.policy.measuring)
+                # a probe (policy.measuring) does not make the drafter take in rows it has not taken in,
+                # but a lone row: skipping it, the probe would measure nothing (and the arm never be learned)
+                warm = not (self.policy and self.policy.measuring) or len(self.batch.seqs) == 1
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
                 new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
                 skipped, entered = proposal.skipped, proposal.catch_up_tokens

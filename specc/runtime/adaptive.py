@@ -45,9 +45,7 @@ The best k runs if it promises at least `min_gain` times plain decoding's throug
 draft model (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
 drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
 int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
-1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains,
-and for a draft model in rounds where it owes no row a catch-up (`behind` all 0): there the margin
-would only keep a warm draft model from rounds that pay.
+1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains.
 A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
 and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) after `probe_idle` plain rounds (a plain round measures no
@@ -183,11 +181,9 @@ class AdaptiveK:
             rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
-            # the margin is for a catch-up: an arm that owes none this round needs only beat plain decoding
-            gain = {a: self.min_gain[a] if any((behind or {}).get(a) or ()) else 1.0 for a in self.arms}
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
-            arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / gain[a])
-            if rates[arm][best_k[arm]] >= gain[arm] * plain:
+            arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
+            if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
                 best = best_k[arm]
             b, gap = len(rows), self.idle_gap.get(len(rows), self.probe_idle)
             self.idle[b] = self.idle.get(b, 0) + 1 if best == 0 else 0

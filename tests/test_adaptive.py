@@ -89,20 +89,6 @@ def test_plain_rounds_are_priced_by_what_they_cost():
     assert policy.choose(rows) == 0
 
 
-def test_drafting_costs_are_not_washed_out_by_plain_rounds():
-    """At a large batch most rounds are plain: the few drafting rounds still price drafting (20 ms at
-    width 1, a line from plain decoding's 10 ms), not a prior slope."""
-    policy, rows = AdaptiveK(4), [0, 1, 2, 3]
-    _feed(policy, rows, 0, 0, 0.010)
-    for _ in range(3):
-        _feed(policy, rows, 1, 1, 0.020)
-    for _ in range(100):
-        _feed(policy, rows, 0, 0, 0.010)
-    assert policy.round_seconds(4, 1) == pytest.approx(0.020, rel=0.02)
-    assert policy.round_seconds(4, 3) == pytest.approx(0.040, rel=0.02)
-    assert policy.round_seconds(2, 1) == pytest.approx(2 * policy.round_seconds(2, 0), rel=0.02)  # c/a of batch 4
-
-
 @pytest.mark.parametrize(("min_gain", "expect_drafting"), [(1.0, True), (1.1, False)])
 def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     """Drafting that promises ~8% more than plain decoding does not run with the default margin."""

@@ -15,16 +15,15 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
   the ones before. k = 0 is plain decoding: 1 token per row.
 - T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
-  with the tokens verified) as a line in the width w actually verified, fitted per arm and batch
-  size B by weighted least squares over its recent drafting rounds (whole rounds: drafting, the
-  target pass and host work). w(k) = k for a draft model; for prompt lookup a round is only as wide
-  as the rows that found something, w(k) = k (1 - prod_b (1 - h_b)). Where the drafting rounds at B
-  all verified about one width, the line runs from plain decoding's cost at B to theirs; a batch
-  size the arm has not drafted at borrows the ratio c/a from the nearest one it has (or a prior).
-  Plain rounds stay out of the lines: at a large batch most rounds are plain and would wash the
-  few drafting rounds out of a shared fit (on the int4 Qwen pair at batch 4 the slope was lost
-  that way, and a k = 3 round priced at 0.27 s took 0.44 s). k = 0 is priced by the plain rounds
-  of that batch size themselves (a decayed mean).
+  with the tokens verified) as a line in the width w actually verified, fitted per batch size B
+  by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
+  host work). w(k) = k for a draft model; for prompt lookup a round is only as wide as the rows
+  that found something, w(k) = k (1 - prod_b (1 - h_b)). A batch size whose slope is not known
+  yet borrows the ratio c/a from the nearest batch size that has one (or a prior). k = 0 is priced
+  by the plain rounds of that batch size themselves (a decayed mean), not by the line's intercept:
+  where drafting rounds differ in kind at the same width (prompt lookup in front of a draft model:
+  lookup rounds skip the model), the line may come out flat, and its intercept would make plain
+  decoding look as dear as drafting.
 - Catch-up: a draft model enters a row's context lazily (its prompt in the first round that drafts
   for the row, the tokens of plain rounds in the next drafting round), outside T(B, k). The
   scheduler tells the policy what each arm would enter per row (`Drafter.behind`) and how many
@@ -259,48 +258,38 @@ class AdaptiveK:
         round (width 0) at a batch size that ran plain rounds costs what they cost."""
         if width == 0 and b in self.plain:
             return self.plain[b].fit()[0]
-        arm = arm or self.arms[0]
-        own = self._cost_line(b, arm)
-        if own is not None:
-            return own[0] + own[1] * width
-        measured = {x: line for x in self.stats[arm].lines if (line := self._cost_line(x, arm)) is not None}
-        near = min(measured, key=lambda x: (abs(x - b), x)) if measured else None
-        ratio = measured[near][1] / measured[near][0] if near is not None else self.prior_slope
-        if b in self.plain:
-            a = self.plain[b].fit()[0]
-        elif near is not None:
-            a = measured[near][0] * (b / near) ** 0.5
-        else:
-            a = 1.0
-        return a * (1.0 + ratio * width)
+        lines = self.stats[arm or self.arms[0]].lines
+        if not lines:
+            return (self.plain[b].fit()[0] if b in self.plain else 1.0) * (1.0 + self.prior_slope * width)
+        near = min(lines, key=lambda x: (abs(x - b), x))
+        a, c = lines[near].fit()
+        if b != near:
+            a *= (b / near) ** 0.5
+        if c is None or b != near:
+            c = a * self._slope_ratio(b, lines)
+        return a + c * width
 
-    def _cost_line(self, b: int, arm: str) -> tuple[float, float] | None:
-        """(a, c) of the arm's drafting rounds at batch size b: their own line where they verified
-        different widths, else the line from plain decoding's cost to theirs; None where it has not
-        drafted at b or there is no plain round to draw from."""
-        line = self.stats[arm].lines.get(b)
-        if line is None:
-            return None
-        a, c = line.fit()
-        if c is not None:
-            return a, c
-        if b not in self.plain:
-            return None
-        plain = self.plain[b].fit()[0]
-        return plain, max(a - plain, 0.0) / (line.x / line.w)
+    def _slope_ratio(self, b: int, lines: dict[int, _Line]) -> float:
+        """c/a of the nearest batch size with a fitted slope (the prior if none has)."""
+        fitted = [(x, line.fit()) for x, line in lines.items() if line.spread >= 1e-3]
+        if not fitted:
+            return self.prior_slope
+        _, (a, c) = min(fitted, key=lambda item: (abs(item[0] - b), item[0]))
+        return c / a
 
     # -- learning -------------------------------------------------------------------------
     def observe(self, record: RoundRecord) -> None:
         """Learn from a finished round (call before the next `choose`)."""
         b = len(record.rows)
         width = max(record.n_draft, default=0) if record.k else 0
-        if width:  # an arm's line learns from its drafting rounds only, or plain rounds would wash them out
-            self.stats[record.arm].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
-        else:  # a plain round prices k = 0 for every arm
-            self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
+        arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
+        for a in arms:
+            self.stats[a].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
         if record.catch_up_tokens:
             cu = self.stats[record.arm].catch_up
             cu[0], cu[1] = self.decay * cu[0] + record.catch_up_seconds, self.decay * cu[1] + record.catch_up_tokens
+        if width == 0:
+            self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
         live = set(record.rows)
         for st in self.stats.values():
             st.rows = {r: s for r, s in st.rows.items() if r in live}

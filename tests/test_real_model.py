@@ -1,5 +1,6 @@
 """SmolLM2-135M-Instruct from the offline catalog: compile, then greedy speculation must equal
-target-only greedy and Hugging Face greedy. Downloads ~93 MB the first time (cached after)."""
+target-only greedy and Hugging Face greedy. Downloads ~93 MB the first time (cached after).
+About two minutes (the compile is most of it): outside the default run, `pytest -m "real_model"`."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import specc
 from specc.compiler import compile_recipe
 from specc.recipe import parse_recipe
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.heavy]
 
 PROMPTS = [
     ("def fibonacci(n):\n", False),

@@ -142,24 +142,6 @@ def test_the_lookup_arm_is_priced_by_this_rounds_hits(found, want):
     assert policy.choose([0], finds={"model": None, "lookup": [found]}) > 0 and policy.arm == want
 
 
-def test_lookup_that_finds_nothing_is_plain_decoding_and_the_model_is_probed():
-    """Batch 1, lookup in front of a draft model whose first rounds went badly: where lookup finds nothing,
-    the round is plain decoding (k = 0, not a lookup round that drafts nothing), so after a few of them an
-    idle probe tries the model again; a probe never goes to lookup, which would find nothing."""
-    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"))
-    policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.010, 0.010, arm="model"))
-    for _ in range(5):
-        policy.observe(RoundRecord([0], 2, [2], [0], 0.005, 0.012, 0.017, arm="model"))  # nothing accepted
-    chosen = []
-    for _ in range(10):
-        k = policy.choose([0], finds={"model": None, "lookup": [False]})
-        chosen.append((k, policy.arm))
-        policy.observe(RoundRecord([0], k, [k], [0], 0.0, 0.010, 0.017 if k else 0.010, arm=policy.arm))
-    assert all(k == 0 for k, _ in chosen[:policy.probe_idle - 1]), chosen
-    assert any(k > 0 and arm == "model" for k, arm in chosen)
-    assert not any(k > 0 and arm == "lookup" for k, arm in chosen)
-
-
 def test_lookup_rounds_of_the_model_arm_are_booked_to_the_lookup_arm(bundles, prompts):
     """A policy that always asks for the model arm: rounds where every row found a continuation were drafted
     by lookup and are the lookup arm's to learn from."""

@@ -53,7 +53,7 @@ the arm whose best k promises the most over its margin. Lookup knows before draf
 finds a continuation for, so the lookup arm is priced with this round's hits, not an average; a
 round of the model arm that lookup drafted (every row found one) is booked to the lookup arm.
 
-The best k runs if it promises more than `min_gain` times plain decoding's throughput: 1.1 for a
+The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
 draft model (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
 drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
 int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
@@ -62,8 +62,7 @@ A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
 and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) after `probe_idle` plain rounds (a plain round measures no
 acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
-falling back when drafting wins again (a round of the lookup arm that finds nothing is a plain round and
-counts as one; probes skip an arm that knows it finds nothing), so acceptance and costs that change are noticed without
+falling back when drafting wins again, so acceptance and costs that change are noticed without
 paying for a probe every few rounds where drafting never pays (a large batch); the gap is kept per
 batch size, so rounds at a smaller batch where drafting wins do not reset it. Such a probe, and a
 probe of another arm, drafts only for rows the drafter already took in (`measuring`: rows that
@@ -199,14 +198,12 @@ class AdaptiveK:
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
             arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
-            if rates[arm][best_k[arm]] > self.min_gain[arm] * plain:  # (lookup that finds nothing: no gain, k = 0)
+            if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
                 best = best_k[arm]
-            # arms that would draft something (lookup that knows it finds nothing would probe a plain round)
-            able = [a for a in self.arms if (finds or {}).get(a) is None or any(finds[a])] or [arm]
             b, gap = len(rows), self.idle_gap.get(len(rows), self.probe_idle)
             self.idle[b] = self.idle.get(b, 0) + 1 if best == 0 else 0
             if best == 0 and self.idle[b] >= gap:  # plain decoding learns nothing: draft now and then
-                arm = able[self.idle_probes % len(able)]
+                arm = self.arms[self.idle_probes % len(self.arms)]
                 best = best_k[arm]
                 self.idle_probes += 1
                 self.idle[b], self.idle_gap[b] = 0, min(2 * gap, self.probe_idle_max)
@@ -215,7 +212,7 @@ class AdaptiveK:
                 self.idle_gap[b] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
                     options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
-                    options += [(a, best_k[a]) for a in able if a != arm]
+                    options += [(a, best_k[a]) for a in self.arms if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
                     self.measuring, arm = probe_arm != arm, probe_arm

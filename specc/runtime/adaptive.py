@@ -32,19 +32,6 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
   rounds, costs what it really costs.
 
-Early stops: k is the most drafts a round asks for. A draft model ends a row's drafts after the first
-it gave a probability below STOP_BELOW (`Drafter.propose(stop_below=...)`; the round's draft steps end
-once every row has stopped): its probability predicts acceptance well (int4 Qwen2.5-Coder 0.5B for the
-1.5B at batch 1: drafts it gave >= 0.9 were accepted 99% of the time, 0.4-0.5: 47%), so a round
-drafts far where the draft is sure and stops early where it is not. Measured there (195 rounds of
-k = 8, every draft's probability and the accepted count, priced with the rounds' costs), the stop at
-0.6 under k = 4 promised 9.3 tok/s against 8.4 for k = 4 drafted in full and 8.5 for the best fixed
-k (3); anywhere in 0.5-0.8 did as well. Where drafts stop early the policy counts the stop as a
-rejection at the next position (a stopped round gains what a rejected draft would: c_i stays the
-gain per position) and prices a round by the width its rounds actually verified, per position and
-batch size (`drafted_width`). Drafters that do not know how sure they are (prompt lookup, the
-heads for now) draft as before.
-
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
 without drafts and never runs the model ("lookup": no draft cost, no draft prefill). Each arm has
@@ -97,10 +84,8 @@ class RoundRecord:
     arm: str = "draft"  # which of the drafter's ways of drafting ran (Drafter.arms)
     catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
     catch_up_tokens: int = 0
-    stop_below: float | None = None  # rows' drafts could end early where the drafter was unsure (Proposal.stop_below)
 
 
-STOP_BELOW = 0.6  # a draft model ends a row's drafts after one it gave less than this probability (see above)
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
 PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
 
@@ -141,7 +126,6 @@ class _Arm:
     lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
     catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
-    reach: dict[int, list[list[float]]] = field(default_factory=dict)  # batch size -> per position: rounds asked, drafted
 
     def catch_up_cost(self) -> float:
         """Seconds per token of context the arm takes in before drafting (0 until it has taken some in)."""
@@ -245,18 +229,8 @@ class AdaptiveK:
             after_first += reach
             per_row = [h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates]
             catch_up = per_token * sum(lag * min(1.0, t / max(left, 1)) for (lag, left), t in zip(entry, per_row))
-            width = self.drafted_width(len(rows), k, arm) * (1 - miss)
-            out[k] = sum(per_row) / (self.round_seconds(len(rows), width, arm) + catch_up)
+            out[k] = sum(per_row) / (self.round_seconds(len(rows), k * (1 - miss), arm) + catch_up)
         return out
-
-    def drafted_width(self, b: int, k: int, arm: str | None = None) -> float:
-        """Drafts a round asked for k verifies at batch size b: k, less where the drafter stops early
-        (the rounds' measured widths, per position, smoothed towards drafting on)."""
-        reach = self.stats[arm or self.arms[0]].reach.get(b)
-        if reach is None:
-            return float(k)
-        asked, drafted = reach
-        return sum((drafted[i] + 1) / (asked[i] + 1) for i in range(1, k + 1))
 
     def conditional(self, arm: str | None = None) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
@@ -325,7 +299,6 @@ class AdaptiveK:
         st = self.stats[record.arm]
         st.judged = [x * self.decay for x in st.judged]
         st.accepted = [x * self.decay for x in st.accepted]
-        stops = record.stop_below is not None
         for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
             if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
                 continue
@@ -333,16 +306,6 @@ class AdaptiveK:
             for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
                 st.judged[i] += 1
                 st.accepted[i] += i <= n
-            if stops and 0 < d == n < min(record.k, self.k_max):  # drafts that stopped early gain what a rejection does
-                st.judged[d + 1] += 1
-        if stops:
-            asked, drafted = st.reach.setdefault(b, [[0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)])
-            for i in range(1, self.k_max + 1):
-                asked[i] *= self.decay
-                drafted[i] *= self.decay
-                if i <= record.k:
-                    asked[i] += 1
-                    drafted[i] += width >= i
         drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
         if drafted:
             st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

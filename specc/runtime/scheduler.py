@@ -19,7 +19,7 @@ from ..errors import RequestError
 from ..limits import MAX_K, auto_k_max
 from ..speculation.sampling import probs_from_logits
 from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
-from .adaptive import MIN_GAIN_LAZY_PREFILL, STOP_BELOW, AdaptiveK, RoundRecord
+from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
 from .stats import LOOKUP, RunStats
@@ -124,7 +124,7 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped, entered, arm, stopped_below = self.k, None, [], 0, None, None
+            k, counts, skipped, entered, arm = self.k, None, [], 0, None
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
@@ -132,10 +132,8 @@ class Scheduler:
                 # but a lone row: skipping it, the probe would measure nothing (and the arm never be learned)
                 warm = not (self.policy and self.policy.measuring) or len(self.batch.seqs) == 1
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
-                # adaptive k: k is the most drafts; a draft model stops a row's drafts where it is unsure
-                stop_below = STOP_BELOW if self.policy else None
-                new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm, stop_below)
-                skipped, entered, stopped_below = proposal.skipped, proposal.catch_up_tokens, proposal.stop_below
+                new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
+                skipped, entered = proposal.skipped, proposal.catch_up_tokens
                 if proposal.source == LOOKUP and LOOKUP in self.drafter.arms:  # lookup first drafted by lookup
                     arm = LOOKUP  # a round of the lookup arm, whichever arm was asked for
             else:
@@ -145,8 +143,7 @@ class Scheduler:
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
                                           time.perf_counter() - round_start - caught_up, skipped,
-                                          arm or (self.policy.arm if self.policy else "draft"), caught_up, entered,
-                                          stopped_below)
+                                          arm or (self.policy.arm if self.policy else "draft"), caught_up, entered)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -195,18 +192,17 @@ class Scheduler:
         cache.commit(verdict.new_k, verdict.new_v, torch.ones_like(cache.lengths))
         return [[t] for t in verdict.next_token.tolist()]
 
-    def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None,
-                           stop_below: float | None = None
+    def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None
                            ) -> tuple[list[list[int]], tuple[list[int], list[int]], Proposal]:
-        """Draft up to k (with the drafter's arm `arm`, default itself; `stop_below`: see Drafter.propose),
-        verify them and one more in one target pass, accept a prefix, commit its KV.
+        """Draft k (with the drafter's arm `arm`, default itself), verify k+1 in one target pass, accept
+        a prefix, commit its KV.
 
         Returns each row's new tokens, the (drafted, accepted) counts of every row and the proposal
         (its rows skipped as not warm, its catch-up)."""
         cache = batch.cache
         drafter = self.drafter.arms[arm] if arm else self.drafter
         with self._timed("draft_seconds"):
-            proposal = drafter.propose(batch, k, batch.params, warm, stop_below)  # may propose fewer than k
+            proposal = drafter.propose(batch, k, batch.params, warm)  # may propose fewer than k
         self.stats.draft_seconds -= proposal.catch_up_seconds  # a draft model's lazy prefill
         self.stats.prefill_seconds += proposal.catch_up_seconds
         with self._timed("target_seconds"):

@@ -28,9 +28,7 @@ class Proposal:
     because the drafter has not taken in their context yet and was told not to (`propose(warm=False)`,
     for a round that only probes whether drafting pays); catch_up_seconds, catch_up_tokens: time
     spent entering context the drafter had not taken in, and how many tokens (a lazy prefill or a
-    catch-up after rounds it did not draft: not the cost of this round's drafts); stop_below: the
-    confidence below which rows stopped drafting early (`propose(stop_below=...)`), None if the
-    drafter drafted every row to k (or as far as it found drafts).
+    catch-up after rounds it did not draft: not the cost of this round's drafts).
     """
 
     tokens: torch.Tensor
@@ -40,7 +38,6 @@ class Proposal:
     skipped: list[int] = field(default_factory=list)
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
-    stop_below: float | None = None
 
 
 @dataclass
@@ -93,14 +90,10 @@ class Drafter:
         whether the context has a continuation); None: it drafts for every row."""
         return None
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that
         takes in a row's context lazily (a draft model's prefill) may skip rows it has not taken in yet,
-        for a round that only probes whether drafting pays. stop_below: a drafter that knows how sure it
-        is of each draft (a draft model: the probability it gave the token it drafted) ends a row's drafts
-        after the first one it gave less than this; the others ignore it. The stop depends only on the
-        drafter's own distributions and draws, never on the target, so acceptance stays exact."""
+        for a round that only probes whether drafting pays."""
         raise NotImplementedError
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:

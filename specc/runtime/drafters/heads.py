@@ -59,8 +59,7 @@ class MedusaDrafter(GraphDrafter):
         feats = verdict.extra["features"]
         batch.draft_cache.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         logits = self.heads(batch)
         k = min(k, logits.shape[1])
         noise = batch.noise(k)
@@ -141,8 +140,7 @@ class EagleDrafter(GraphDrafter):
         cache.todo = [t[:0] for t in cache.todo]
         return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         cache: EagleCache = batch.draft_cache
         logits, hidden = self._enter(batch, k)
         kept = cache.lengths.clone()

@@ -41,8 +41,7 @@ class PromptLookupDrafter(Drafter):
     def finds(self, batch: Batch) -> list[bool]:
         return [bool(self.lookup(s.tokens, 1)) for s in batch.seqs]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
 
     def drafts(self, found: list[list[int]], params: RowParams, device: torch.device, source: str) -> Proposal:
@@ -98,12 +97,11 @@ class LookupFirstDrafter(Drafter):
             return [0] * len(batch.seqs)
         return self.model.behind(batch)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
         if all(found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device, LOOKUP)
-        return self.model.propose(batch, k, params, warm, stop_below)
+        return self.model.propose(batch, k, params, warm)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)

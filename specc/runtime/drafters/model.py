@@ -71,10 +71,7 @@ class ModelDrafter(GraphDrafter):
         if batch.draft_cache is not None:
             batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True,
-                stop_below: float | None = None) -> Proposal:
-        """Up to k drafts per row; with stop_below, a row's drafts end after the first the draft gave a
-        probability below it (the round ends once every row has stopped)."""
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
         start = time.perf_counter()
         cold, entered = self.catch_up(batch, warm)
         caught_up = time.perf_counter() - start
@@ -94,23 +91,17 @@ class ModelDrafter(GraphDrafter):
         cache.ensure(max(lengths) + feed.shape[1] + k)
         noise = batch.noise(k)
         tokens, probs = [], []
-        n_draft, going = k * drafting, drafting.bool()
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         for i in range(k):
             cache.commit(new_k, new_v, n_feed * drafting)
             tok, q = choose(logits[:, 0], params, noise[:, i])
             tokens.append(tok)
             probs.append(q)
-            if stop_below is not None:
-                unsure = going & (_sureness(logits[:, 0], q, tok, params) < stop_below)
-                n_draft, going = torch.where(unsure, i + 1, n_draft), going & ~unsure
-                if not going.any():
-                    break
             if i + 1 < k:
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, n_draft, self.kind, cold, caught_up, entered, stop_below)
+        return Proposal(torch.stack(tokens, 1), q, k * drafting, self.kind, cold, caught_up, entered)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).
@@ -144,15 +135,6 @@ class ModelDrafter(GraphDrafter):
         cache, pending = self.cache(batch), batch.pending[:, None]
         first = torch.zeros_like(pending)
         return lambda: self.step(pending, cache, logit_index=first)
-
-
-def _sureness(logits: torch.Tensor, probs: torch.Tensor | None, tokens: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """The probability the draft gave each row's drafted token: its softmax for greedy rows, the
-    distribution it was drawn from for the others."""
-    sure = torch.softmax(logits.float(), -1).gather(1, tokens[:, None])[:, 0]
-    if probs is None:
-        return sure
-    return torch.where(params.greedy, sure, probs.gather(1, tokens[:, None])[:, 0].float())
 
 
 class SharedCacheDrafter(ModelDrafter):

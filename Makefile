@@ -27,7 +27,7 @@ demo: $(BIN)/python
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	-$(MAKE) --no-print-directory triton-env
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 triton-env: $(TRITON_VENV)/.installed
 

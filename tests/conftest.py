@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models and bundles built once per test session in temp dirs."""
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -9,6 +10,25 @@ import pytest
 from specc.compiler import compile_recipe
 from specc.recipe import parse_recipe
 from specc.testing import derive_draft, make_tiny_model
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`make test` runs one worker per core), pin each worker to its own core: ONNX
+    Runtime and torch size their thread pools by the cores they may use, and two workers whose pools
+    share both cores run slower together than one worker alone."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if count > len(cpus):
+        return
+    per = len(cpus) // count
+    index = int(worker.removeprefix("gw"))
+    os.sched_setaffinity(0, cpus[index * per:(index + 1) * per])
+    os.environ["OMP_NUM_THREADS"] = str(per)  # subprocesses (the CLI, servers) inherit both
+    import torch
+
+    torch.set_num_threads(per)
 
 
 @pytest.fixture(scope="session")

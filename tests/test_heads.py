@@ -181,3 +181,19 @@ def test_eagle_training_unroll_drafts_as_the_runtime_does(target):
                 last, nk, nv = head.run(tokens[:, o + 1 + s:o + 2 + s], last, pos, torch.full((b,), k.shape[3]), k, v)
                 k, v = torch.cat([k, nk], 3), torch.cat([v, nv], 3)
                 torch.testing.assert_close(unrolled[s][:, o], last[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_training_prompts_leave_out_the_benchmark_and_vary():
+    """Training code comes from many standard-library modules, never the benchmark's; no chat prompt is
+    a benchmark prompt; the grid gives far more distinct chat prompts than one run asks for."""
+    from specc.bench.prompts import CHAT, build
+    from specc.training.head_data import DataConfig, _stdlib_sources, training_prompts
+
+    sources = _stdlib_sources()
+    names = {p.stem for p in sources}
+    assert len(sources) > 200 and not {"heapq", "textwrap", "fractions", "statistics"} & names
+    prompts = training_prompts(DataConfig(n_code=400, n_chat=400))
+    code, chat = [p for p, c in prompts if not c], [p for p, c in prompts if c]
+    assert len(code) == len(chat) == 400 and len(set(chat)) == 400
+    bench = {it["prompt"] for it in build(16, len(CHAT))}
+    assert not bench & set(code) and not set(CHAT) & set(chat)

@@ -2,11 +2,11 @@
 target over every sequence records its features and its own next-token top-K (the labels).
 
 Sequences come from one of two sources:
-- answers: the target answers offline prompts greedily (function openings from Python
-  standard-library modules that the benchmark prompts do not use, and chat instructions built
-  from a fixed list of topics). Closest to what the head sees at run time; costs one target
+- answers: the target answers offline prompts greedily (function openings from every Python
+  standard-library module that the benchmark prompts do not use, and chat instructions from a
+  grid of ~150 topics x 32 templates). Closest to what the head sees at run time; costs one target
   step per generated token.
-- text: windows of those modules' source, teacher-forced. One batched pass per window: the
+- text: windows of the source of a fixed list of modules (TRAIN_MODULES), teacher-forced. One batched pass per window: the
   cheap choice on a shared CPU.
 Positions where the sequence continues as the target's greedy choice (`answer`) are where
 held-out acceptance can be measured.
@@ -19,6 +19,7 @@ import importlib
 import inspect
 import json
 import random
+import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..bench.prompts import STDLIB_MODULES
+from ..bench.prompts import CHAT, STDLIB_MODULES
 
 TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal", "email.message", "enum",
                  "functools", "gettext", "glob", "gzip", "http.cookies", "inspect", "ipaddress", "locale", "logging",
@@ -34,19 +35,54 @@ TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal"
                  "shutil", "smtplib", "socketserver", "tarfile", "tempfile", "threading", "tokenize", "traceback",
                  "typing", "unittest.case", "urllib.parse", "uuid", "wave", "zipfile")
 
-TOPICS = ("the moon", "volcanoes", "photosynthesis", "the Roman empire", "honey bees", "black holes", "chess",
-          "the printing press", "rainbows", "electric cars", "the human heart", "coffee", "jazz music", "glaciers",
-          "the internet", "vaccines", "penguins", "the French revolution", "solar panels", "sleep", "kites",
-          "earthquakes", "dinosaurs", "the stock market", "recycling", "bread baking", "the Olympic games",
-          "sorting algorithms", "git branches", "unit tests", "SQL joins", "linked lists", "regular expressions",
-          "HTTP requests", "password security", "time management", "public speaking", "gardening", "origami",
-          "lighthouses")
-TEMPLATES = ("Explain {} in simple terms.", "Write a short paragraph about {}.", "Give me three facts about {}.",
-             "What are common misconceptions about {}?", "Write a haiku about {}.", "How would you teach {} to a child?",
-             "List the pros and cons of {}.", "Write a short story that involves {}.",
-             "What questions do beginners ask about {}?", "Summarize the history of {}.",
-             "Describe {} to someone from the year 1800.", "Write a limerick about {}.")
-PROMPTS_VERSION = 2  # part of the data cache key: bump when the prompt lists change
+TOPICS = (
+    # nature and science
+    "the moon", "volcanoes", "photosynthesis", "black holes", "rainbows", "glaciers", "earthquakes", "dinosaurs",
+    "honey bees", "penguins", "coral reefs", "the immune system", "DNA", "tides", "lightning", "the solar system",
+    "gravity", "magnets", "bacteria", "rain forests", "deserts", "migrating birds", "octopuses", "mushrooms",
+    "the human heart", "the brain", "sleep", "vaccines", "nutrition", "climate change", "wind power", "nuclear energy",
+    "solar panels", "electric cars", "batteries", "the speed of light", "atoms", "chemical reactions", "fossils",
+    # history and culture
+    "the Roman empire", "the printing press", "the French revolution", "ancient Egypt", "the Silk Road",
+    "the Renaissance", "the industrial revolution", "the moon landing", "the Olympic games", "jazz music",
+    "classical music", "impressionist painting", "Shakespeare's plays", "Greek mythology", "the Great Wall of China",
+    "the invention of the telephone", "the history of money", "medieval castles", "the Vikings", "world war one",
+    # everyday life
+    "coffee", "bread baking", "gardening", "origami", "kites", "recycling", "time management", "public speaking",
+    "saving money", "learning a language", "job interviews", "moving to a new city", "first aid", "camping",
+    "cooking rice", "houseplants", "running a marathon", "meditation", "board games", "photography", "knitting",
+    "budget travel", "writing a resume", "making friends as an adult", "caring for a dog", "cycling to work",
+    # computing
+    "sorting algorithms", "git branches", "unit tests", "SQL joins", "linked lists", "regular expressions",
+    "HTTP requests", "password security", "the internet", "recursion in programming", "hash functions",
+    "binary numbers", "operating systems", "compilers", "cloud computing", "machine learning", "neural networks",
+    "databases", "REST APIs", "Python decorators", "Python generators", "JavaScript promises", "Docker containers",
+    "code reviews", "version control", "big O notation", "encryption", "computer viruses", "open source software",
+    "floating point numbers", "garbage collection", "multithreading", "caching", "spreadsheets", "the stock market",
+    # ideas
+    "democracy", "the scientific method", "logical fallacies", "probability", "prime numbers", "infinity",
+    "fractions", "statistics", "supply and demand", "inflation", "ethics of AI", "friendship", "happiness",
+)
+TEMPLATES = (
+    "Explain {} in simple terms.", "Write a short paragraph about {}.", "Give me three facts about {}.",
+    "What are common misconceptions about {}?", "Write a haiku about {}.", "How would you teach {} to a child?",
+    "List the pros and cons of {}.", "Write a short story that involves {}.",
+    "What questions do beginners ask about {}?", "Summarize the history of {}.",
+    "Describe {} to someone from the year 1800.", "Write a limerick about {}.",
+    "What is the most surprising thing about {}?", "Give me a one-sentence definition of {}.",
+    "Why does {} matter?", "How does {} work?", "Write a short poem about {}.", "Tell me a fun fact about {}.",
+    "Compare {} with something from everyday life.", "What should I read to learn about {}?",
+    "Write a tweet about {}.", "Explain {} like I am a university student.", "What are five key terms about {}?",
+    "Write a dialogue between two friends about {}.", "Give me a quiz question about {} with its answer.",
+    "What are the biggest open problems around {}?", "Write a product description inspired by {}.",
+    "Outline a ten-minute talk on {}.", "What would change if {} did not exist?",
+    "Give me three tips related to {}.", "Write an encouraging note to someone studying {}.",
+    "Explain {} in exactly three sentences.",
+)
+PROMPTS_VERSION = 3  # part of the data cache key: bump when the prompt lists change
+# Standard-library folders never used as training code (GUI, tests, bundled third-party code).
+SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
+             "dist-packages", "__pycache__", "pydoc_data", "venv"}
 
 
 @dataclass(frozen=True)
@@ -66,26 +102,44 @@ class DataConfig:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _stdlib_sources() -> list[Path]:
+    """The standard library's Python files, minus the benchmark's modules (specc.bench.prompts) and SKIP_DIRS."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    bench = {root / (name.replace(".", "/") + ".py") for name in STDLIB_MODULES}
+    bench |= {root / name.replace(".", "/") / "__init__.py" for name in STDLIB_MODULES}
+    return [p for p in sorted(root.rglob("*.py"))
+            if p not in bench and not SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])]
+
+
+def code_openings(source: str) -> list[str]:
+    """Function openings of one module's source: signature, docstring and the first body line."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines, out = source.splitlines(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and len(node.body) > 3:
+            end = node.body[1 if ast.get_docstring(node) else 0].lineno + 1
+            text = "\n".join(lines[node.lineno - 1:end])
+            if 80 <= len(text) <= 1200:
+                out.append(inspect.cleandoc("\n" + text) + "\n")
+    return out
+
+
 def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
-    """(text, chat) pairs: stdlib function openings (not the benchmark's modules) and chat instructions."""
+    """(text, chat) pairs: function openings from the whole standard library except the benchmark's
+    modules, and chat instructions from a topic x template grid (none equal to a benchmark prompt)."""
     rng = random.Random(cfg.seed)
     code = []
-    for name in TRAIN_MODULES:
-        if name in STDLIB_MODULES:
-            continue
+    for path in _stdlib_sources():
         try:
-            source = inspect.getsource(importlib.import_module(name))
-        except (ImportError, OSError, TypeError):
+            code += code_openings(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
             continue
-        lines = source.splitlines()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef) and len(node.body) > 3:
-                end = node.body[1 if ast.get_docstring(node) else 0].lineno + 1
-                text = "\n".join(lines[node.lineno - 1:end])
-                if 80 <= len(text) <= 1200:
-                    code.append(inspect.cleandoc("\n" + text) + "\n")
     rng.shuffle(code)
     chat = [t.format(topic) for topic in TOPICS for t in TEMPLATES]
+    chat = [p for p in chat if p not in CHAT]
     rng.shuffle(chat)
     return [(p, False) for p in code[:cfg.n_code]] + [(p, True) for p in chat[:cfg.n_chat]]
 

@@ -22,6 +22,7 @@ from .speculation.tree import TreeShape
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
 DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
 LOOKUP_FIRST_METHODS = ("model", "quantized", "early_exit", "eagle")  # draft.lookup: prompt lookup in front of these
+STOP_BELOW_METHODS = ("model", "quantized", "early_exit", "eagle")  # draft.stop_below: drafters of one token at a time
 DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  # methods whose bundle has a draft graph
 PRECISIONS = ("fp32", "fp16", "bf16")
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # GGUF blocks that map exactly onto MatMulNBits
@@ -75,6 +76,9 @@ class DraftSpec:
                              "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
+    stop_below: float = _f(0.0, "method model, quantized, early_exit or eagle (chain mode, fixed k): a row's drafts end after "
+                                "the first one the drafter gave a probability below this (0: always k drafts); the "
+                                "drafter's own draws decide, so output stays exact", lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,11 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(LOOKUP_FIRST_METHODS)}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
+    if d.stop_below and d.method not in STOP_BELOW_METHODS:
+        raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
+                          f"{', '.join(STOP_BELOW_METHODS)}), not {d.method!r}")
+    if d.stop_below and r.speculation.mode != "chain":
+        raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
     if r.sampling.top_p <= 0:
         raise RecipeError("sampling.top_p", f"{r.sampling.top_p!r} keeps no token; allowed: (0, 1], 1 keeps all")
     if d.min_ngram > d.max_ngram:

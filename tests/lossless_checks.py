@@ -33,15 +33,17 @@ def token_prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))] for _ in range(n)]
 
 
-def assert_greedy_lossless(bundle: Path, prompts: list[list[int]], batch: int, k: int, max_new_tokens: int = 16) -> dict:
-    """Speculative greedy output equals target-only greedy output for every prompt; returns the stats."""
+def assert_greedy_lossless(bundle: Path, prompts: list[list[int]], batch: int, k: int, max_new_tokens: int = 16,
+                           **options) -> dict:
+    """Speculative greedy output equals target-only greedy output for every prompt; returns the stats.
+    options: further `generate` arguments of the speculative calls (stop_below)."""
     from specc.runtime.stats import RunStats
 
     model = specc.load(bundle, trust_code=True)  # bundles these tests built (aoti, torch_tensorrt run code)
     stats, bad = RunStats(), []
     for lo in range(0, len(prompts), batch):
         chunk = prompts[lo:lo + batch]
-        fast = model.generate(chunk, max_new_tokens=max_new_tokens, k=k)
+        fast = model.generate(chunk, max_new_tokens=max_new_tokens, k=k, **options)
         stats.merge(model.last_stats)
         slow = model.generate(chunk, max_new_tokens=max_new_tokens, speculative=False)
         bad += [lo + i for i, (a, b) in enumerate(zip(fast, slow)) if a.token_ids != b.token_ids]

@@ -479,3 +479,13 @@ def test_recipe_k_auto_is_the_bundles_default(models_dir, prompts, tmp_path):
                                                                                 speculative=False)]
     with pytest.raises(RequestError, match="max_batch"):
         Scheduler(model, max_batch=2)
+
+
+def test_early_stops_are_for_a_fixed_k(bundles):
+    """stop_below with k auto is refused (the policy does not model early stops), as is a value outside [0, 1]."""
+    model = specc.load(bundles["draft"])
+    with pytest.raises(RequestError, match="fixed k"):
+        Scheduler(model, k="auto", stop_below=0.5)
+    with pytest.raises(RequestError, match=r"\[0, 1\]"):
+        Scheduler(model, k=3, stop_below=2)
+    assert Scheduler(model, k=3).stop_below == 0.0 and Scheduler(model, k=3, stop_below=0.4).stop_below == 0.4

@@ -113,3 +113,14 @@ def test_speculation_matches_hugging_face_greedy(bundles, models_dir, prompts):
         got = model.generate([prompt], max_new_tokens=16, k=3)[0].token_ids
         ref = [t for t in ref.tolist()]
         assert got == ref[: len(got)] and (len(got) == 16 or ref[len(got)] == 256)
+
+
+@pytest.mark.parametrize("name", ["draft", "lookup_first", "early_exit"])
+def test_early_stops_match_target_only(bundles, prompts, name):
+    """draft.stop_below: a row's chain ends after a draft the draft model gave < 0.5; the others run on
+    (batch 3), and the draft model's cache stays in step with the target's whatever length each row drafted."""
+    model = specc.load(bundles[name])
+    bad, stats = _mismatches(model, prompts, 3, k=4, stop_below=0.5)
+    assert bad == []
+    drafted_rounds = stats["rounds"] - stats["lookup_rounds"]
+    assert stats["rounds"] < stats["drafted"] < 4 * drafted_rounds + 4 * stats["lookup_rounds"], "some chains stop early"

@@ -93,3 +93,34 @@ def test_broken_rule_is_caught(head_bundles, monkeypatch, name, broken):
     samples, _ = draw(bundles[name], params)
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+STOP = 0.5  # draft.stop_below in the early-stop checks: the random heads give some drafts more, some less
+
+
+def test_early_stops_greedy_equals_target_only(head_bundles):
+    """draft.stop_below: a row's chain ends after a draft the head was unsure of; output stays target-only's."""
+    _, bundles = head_bundles
+    full = assert_greedy_lossless(bundles["eagle_chain"], token_prompts(16), batch=4, k=None)
+    stopped = assert_greedy_lossless(bundles["eagle_chain"], token_prompts(16), batch=4, k=None, stop_below=STOP)
+    assert full["drafted"] == 3 * full["rounds"]
+    assert stopped["rounds"] < stopped["drafted"] < 3 * stopped["rounds"], "some chains must stop early, not all at once"
+    behind_lookup = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k=None, stop_below=STOP)
+    assert 0 < behind_lookup["lookup_rounds"] < behind_lookup["rounds"]
+
+
+@pytest.mark.parametrize("broken", [None, "wrong_q"])
+def test_early_stops_keep_the_target_distribution(head_bundles, monkeypatch, broken):
+    """Sampled with early stops: the target's distribution; the same check fails for drafts reported with a wrong q."""
+    if broken:
+        monkeypatch.setattr(head_drafters, "choose", _uniform_q(head_drafters.choose))
+    target, bundles = head_bundles
+    params = PARAMS[1]
+    exact = exact_marginals(target, params)
+    samples, stats = draw(bundles["eagle_chain"], params, stop_below=STOP)
+    assert stats["rounds"] < stats["drafted"] < 3 * stats["rounds"], "some chains must stop early, not all at once"
+    p = [chi2_pvalue(samples[:, pos], exact[pos]) for pos in range(3)]
+    if broken:
+        assert p[0] > PASS_P and min(p[1:]) < FAIL_P
+    else:
+        assert min(p) > PASS_P, f"p-values {p}"

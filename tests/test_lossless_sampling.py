@@ -63,14 +63,14 @@ def exact_marginals(target_dir, params: SamplingParams, prompt: list[int] = PROM
     return p1.numpy(), joint12.sum(0).numpy(), (joint12[..., None] * p3_given).sum((0, 1)).numpy()
 
 
-def draw(bundle, params: SamplingParams, prompt: list[int] = PROMPT, batch: int = 512):
+def draw(bundle, params: SamplingParams, prompt: list[int] = PROMPT, batch: int = 512, **options):
     from specc.runtime.stats import RunStats
 
     model = specc.load(bundle, trust_code=True)  # bundles these tests built (aoti runs code)
     out, stats = [], RunStats()
     for lo in range(0, N, batch):
         done = model.generate([prompt] * batch, max_new_tokens=3, seed=list(range(lo, lo + batch)),
-                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, **options)
         out += [c.token_ids for c in done]
         stats.merge(model.last_stats)
     assert all(len(t) == 3 for t in out)
@@ -154,3 +154,14 @@ def test_lookup_first_with_the_wrong_q_is_caught(small_vocab, monkeypatch):
     samples, _ = draw(bundles["lookup_first"], params, LOOKUP_PROMPT, batch=4)
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from prefill, untouched
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
+
+
+def test_early_stops_of_a_draft_model_keep_the_target_distribution(small_vocab):
+    """draft.stop_below: chains a draft model ends after a draft it gave < 0.5 keep the target's distribution."""
+    target, bundles = small_vocab
+    params = PARAMS[0]
+    exact = exact_marginals(target, params)
+    samples, stats = draw(bundles["chain"], params, stop_below=0.5)
+    assert stats["rounds"] < stats["drafted"] < 2 * stats["rounds"], "some chains must stop early, not all at once"
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"

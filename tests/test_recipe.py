@@ -46,6 +46,10 @@ def test_minimal_recipe_gets_defaults():
     ({**BASE, "draft": {"method": "prompt_lookup", "lookup": True}}, "draft.lookup", "model, quantized, early_exit, eagle"),
     ({"target": {"model": "m"}, "draft": {"method": "quantized", "quantize": "int8", "lookup": True},
       "speculation": {"mode": "tree"}}, "draft.lookup", "speculation.mode chain"),
+    ({**BASE, "draft": {"method": "prompt_lookup", "stop_below": 0.5}}, "draft.stop_below", "model, quantized, early_exit, eagle"),
+    ({**BASE, "draft": {"method": "model", "model": "d", "stop_below": 0.5}, "speculation": {"mode": "tree"}},
+     "draft.stop_below", "trees"),
+    ({**BASE, "draft": {"method": "model", "model": "d", "stop_below": 1.5}}, "draft.stop_below", "maximum 1"),
 ])
 def test_errors_name_field_and_allowed_values(data, path, allowed):
     msg = _err(data)

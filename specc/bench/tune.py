@@ -90,7 +90,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     verify_s: dict[int, list[float]] = {k: [] for k in range(1, k_max + 1)}
     draft_s: list[float] = []
     drafter = model.drafter
-    scheduler = Scheduler(model, k=k_max)
+    scheduler = Scheduler(model, k=k_max, stop_below=0.0)  # acceptance of every position, as tune models it
     for i, prompt in enumerate(prompts):
         n = len(prompt)
         if n + k_max + 2 > model.max_context:

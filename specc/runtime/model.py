@@ -47,6 +47,7 @@ class SpecModel:
         self.max_batch = recipe.limits.max_batch
         self.max_context = recipe.limits.max_context
         self.k = recipe.speculation.k
+        self.stop_below = recipe.draft.stop_below  # a row's chain ends after a draft below this probability
         spec = recipe.speculation
         self.tree = TreeShape.from_recipe(dataclasses.asdict(spec.tree)) if spec.mode == "tree" else None
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
@@ -104,7 +105,7 @@ class SpecModel:
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | str | None = None,
-               tree: TreeShape | None = None, chat: bool = False,
+               tree: TreeShape | None = None, chat: bool = False, stop_below: float | None = None,
                run_stats: RunStats | None = None) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
@@ -113,13 +114,15 @@ class SpecModel:
         same compiled target without drafting (the in-run baseline). k asks for chain
         speculation of that length, tree for that token tree (bundles compiled for trees);
         neither: the recipe's speculation. k="auto" chooses k in [0, k_max] every round from the
-        measured acceptance and costs (runtime/adaptive.py). run_stats: a RunStats this call fills
+        measured acceptance and costs (runtime/adaptive.py). stop_below: end a row's chain after a draft
+        the drafter gave a probability below this (default: the recipe's draft.stop_below; fixed k
+        only). run_stats: a RunStats this call fills
         (its own figures, safe under concurrent calls); `last_stats` is whichever call started last.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
-        scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree)
+        scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree, stop_below=stop_below)
         if run_stats is not None:
             scheduler.stats = run_stats
         for i, ids in enumerate(encoded):

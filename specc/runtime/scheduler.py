@@ -49,9 +49,11 @@ class Scheduler:
     """
 
     def __init__(self, model: "SpecModel", speculative: bool = True, k: int | str | None = None,
-                 tree: TreeShape | None = None, max_batch: int | None = None):
+                 tree: TreeShape | None = None, max_batch: int | None = None, stop_below: float | None = None):
         """k: chain length, or "auto" (runtime/adaptive.py picks 0..k_max each round); max_batch: at most
-        this many rows (default and upper bound: the bundle's limits.max_batch)."""
+        this many rows (default and upper bound: the bundle's limits.max_batch); stop_below: a row's chain
+        ends after a draft the drafter gave a probability below this (default: the recipe's draft.stop_below;
+        fixed k only: k auto does not model early stops yet and drafts every chain to the k it chose)."""
         self.model, self.target, self.drafter = model, model.target, model.drafter
         self.max_batch = model.max_batch if max_batch is None else max_batch
         if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
@@ -83,6 +85,12 @@ class Scheduler:
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
         self.k = k if self.speculative and self.tree is None and k is not None else 0
+        if stop_below is not None and not (isinstance(stop_below, (int, float)) and not isinstance(stop_below, bool)
+                                           and 0.0 <= stop_below <= 1.0):
+            raise RequestError(f"stop_below must be a probability in [0, 1], got {stop_below!r}")
+        if stop_below and self.policy is not None:
+            raise RequestError("stop_below applies to a fixed k; k 'auto' drafts every chain to the k it chose")
+        self.stop_below = 0.0 if self.policy is not None else (model.stop_below if stop_below is None else float(stop_below))
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()
@@ -202,7 +210,7 @@ class Scheduler:
         cache = batch.cache
         drafter = self.drafter.arms[arm] if arm else self.drafter
         with self._timed("draft_seconds"):
-            proposal = drafter.propose(batch, k, batch.params, warm)  # may propose fewer than k
+            proposal = drafter.propose(batch, k, batch.params, warm, self.stop_below)  # may propose fewer than k
         self.stats.draft_seconds -= proposal.catch_up_seconds  # a draft model's lazy prefill
         self.stats.prefill_seconds += proposal.catch_up_seconds
         with self._timed("target_seconds"):

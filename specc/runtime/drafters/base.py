@@ -90,10 +90,12 @@ class Drafter:
         whether the context has a continuation); None: it drafts for every row."""
         return None
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that
         takes in a row's context lazily (a draft model's prefill) may skip rows it has not taken in yet,
-        for a round that only probes whether drafting pays."""
+        for a round that only probes whether drafting pays. stop_below: a drafter of one token at a time
+        (a draft model, an EAGLE head) ends a row's drafts after the first one it gave a probability below
+        this (`Stops`); the others ignore it."""
         raise NotImplementedError
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
@@ -120,3 +122,24 @@ class GraphDrafter(Drafter):
     @classmethod
     def build(cls, ctx: DraftContext) -> "GraphDrafter":
         return cls(ctx.open_graph(ctx.graph), ctx.max_context)
+
+
+class Stops:
+    """Early stops of a chain (recipe draft.stop_below): which rows still draft, and how many drafts each has.
+
+    A row stops after the first draft whose probability under the drafter's softmax is below the threshold.
+    The stop depends only on the drafter's own logits and draws, never on the target, so every round is
+    still an ordinary speculative round over a chain of that row's length: acceptance stays exact."""
+
+    def __init__(self, drafting: torch.Tensor, k: int, below: float):
+        self.below, self.going, self.n_draft = below, drafting.bool(), k * drafting
+
+    def update(self, i: int, logits: torch.Tensor, tokens: torch.Tensor) -> bool:
+        """After draft i (0-based) of every row, drawn from logits [B, V]; False once no row drafts on."""
+        if not self.below:
+            return True
+        sure = torch.softmax(logits.float(), -1).gather(1, tokens[:, None])[:, 0]
+        unsure = self.going & (sure < self.below)
+        self.n_draft = torch.where(unsure, i + 1, self.n_draft)
+        self.going &= ~unsure
+        return bool(self.going.any())

@@ -24,7 +24,7 @@ from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache
 from ..state import Batch
 from ..step import pad_right
-from .base import GraphDrafter, Proposal
+from .base import GraphDrafter, Proposal, Stops
 
 
 class LastFeatures:
@@ -59,7 +59,7 @@ class MedusaDrafter(GraphDrafter):
         feats = verdict.extra["features"]
         batch.draft_cache.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         logits = self.heads(batch)
         k = min(k, logits.shape[1])
         noise = batch.noise(k)
@@ -140,23 +140,25 @@ class EagleDrafter(GraphDrafter):
         cache.todo = [t[:0] for t in cache.todo]
         return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         cache: EagleCache = batch.draft_cache
         logits, hidden = self._enter(batch, k)
         kept = cache.lengths.clone()
         noise = batch.noise(k)
-        tokens, probs = [], []
+        tokens, probs, stops = [], [], Stops(torch.ones_like(kept), k, stop_below)
         first = torch.zeros_like(kept)[:, None]
         for i in range(k):
             tok, q = choose(logits[:, 0], params, noise[:, i])
             tokens.append(tok)
             probs.append(q)
+            if not stops.update(i, logits[:, 0], tok):
+                break
             if i + 1 < k:
                 logits, hidden, new_k, new_v = self.step(tok[:, None], cache, logit_index=first, features=hidden)
                 cache.commit(new_k, new_v, torch.ones_like(kept))
         cache.lengths = kept  # speculative entries carry draft features: never kept
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, torch.full_like(kept, k), self.kind)
+        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Level by level: every drafted node is an entry (its parent's output hidden state, its token)

@@ -41,7 +41,7 @@ class PromptLookupDrafter(Drafter):
     def finds(self, batch: Batch) -> list[bool]:
         return [bool(self.lookup(s.tokens, 1)) for s in batch.seqs]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
 
     def drafts(self, found: list[list[int]], params: RowParams, device: torch.device, source: str) -> Proposal:
@@ -97,11 +97,11 @@ class LookupFirstDrafter(Drafter):
             return [0] * len(batch.seqs)
         return self.model.behind(batch)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
         if all(found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device, LOOKUP)
-        return self.model.propose(batch, k, params, warm)
+        return self.model.propose(batch, k, params, warm, stop_below)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)

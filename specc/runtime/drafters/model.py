@@ -12,7 +12,7 @@ from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
 from ..step import pad_right
-from .base import GraphDrafter, Proposal
+from .base import GraphDrafter, Proposal, Stops
 
 
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
@@ -71,7 +71,7 @@ class ModelDrafter(GraphDrafter):
         if batch.draft_cache is not None:
             batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
         start = time.perf_counter()
         cold, entered = self.catch_up(batch, warm)
         caught_up = time.perf_counter() - start
@@ -90,18 +90,20 @@ class ModelDrafter(GraphDrafter):
         drafting[cold] = 0
         cache.ensure(max(lengths) + feed.shape[1] + k)
         noise = batch.noise(k)
-        tokens, probs = [], []
+        tokens, probs, stops = [], [], Stops(drafting, k, stop_below)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         for i in range(k):
-            cache.commit(new_k, new_v, n_feed * drafting)
+            cache.commit(new_k, new_v, n_feed * drafting)  # a stopped row's later entries lie past what it keeps
             tok, q = choose(logits[:, 0], params, noise[:, i])
             tokens.append(tok)
             probs.append(q)
+            if not stops.update(i, logits[:, 0], tok):
+                break
             if i + 1 < k:
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, k * drafting, self.kind, cold, caught_up, entered)
+        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, cold, caught_up, entered)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).

@@ -39,21 +39,28 @@ CHAT = (
 )
 
 
+def function_openings(source: str, body_lines: int = 2, decorators: bool = True, dunders: bool = False) -> list[str]:
+    """Openings of the functions in one module's source (80 to 1200 characters): signature, docstring
+    and the first body_lines lines of the body after it; decorators: start at the decorator lines;
+    dunders: also `__name__` methods."""
+    lines, found = source.splitlines(), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and len(node.body) > body_lines + 1 and (dunders or not node.name.startswith("__")):
+            first = node.body[1 if ast.get_docstring(node) else 0]
+            start = node.lineno - 1 - (len(node.decorator_list) if decorators else 0)
+            text = "\n".join(lines[start: first.lineno - 1 + body_lines])
+            if 80 <= len(text) <= 1200:
+                found.append(inspect.cleandoc("\n" + text) + "\n")
+    return found
+
+
 def code_prompts(n: int, seed: int = 0, body_lines: int = 2) -> list[str]:
     """n function openings from the standard library, chosen with a fixed seed."""
     import importlib
 
     found = []
     for name in STDLIB_MODULES:
-        source = inspect.getsource(importlib.import_module(name))
-        lines = source.splitlines()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef) and len(node.body) > body_lines + 1 and not node.name.startswith("__"):
-                first = node.body[1 if ast.get_docstring(node) else 0]
-                end = first.lineno - 1 + body_lines
-                text = "\n".join(lines[node.lineno - 1 - len(node.decorator_list): end])
-                if 80 <= len(text) <= 1200:
-                    found.append(inspect.cleandoc("\n" + text) + "\n")
+        found += function_openings(inspect.getsource(importlib.import_module(name)), body_lines)
     random.Random(seed).shuffle(found)
     return found[:n]
 

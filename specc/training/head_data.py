@@ -13,7 +13,6 @@ held-out acceptance can be measured.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import inspect
@@ -27,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..bench.prompts import CHAT, STDLIB_MODULES
+from ..bench.prompts import CHAT, STDLIB_MODULES, function_openings
 
 TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal", "email.message", "enum",
                  "functools", "gettext", "glob", "gzip", "http.cookies", "inspect", "ipaddress", "locale", "logging",
@@ -111,22 +110,6 @@ def _stdlib_sources() -> list[Path]:
             if p not in bench and not SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])]
 
 
-def code_openings(source: str) -> list[str]:
-    """Function openings of one module's source: signature, docstring and the first body line."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    lines, out = source.splitlines(), []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and len(node.body) > 3:
-            end = node.body[1 if ast.get_docstring(node) else 0].lineno + 1
-            text = "\n".join(lines[node.lineno - 1:end])
-            if 80 <= len(text) <= 1200:
-                out.append(inspect.cleandoc("\n" + text) + "\n")
-    return out
-
-
 def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
     """(text, chat) pairs: function openings from the whole standard library except the benchmark's
     modules, and chat instructions from a topic x template grid (none equal to a benchmark prompt)."""
@@ -134,8 +117,8 @@ def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
     code = []
     for path in _stdlib_sources():
         try:
-            code += code_openings(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
+            code += function_openings(path.read_text(encoding="utf-8"), decorators=False, dunders=True)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
     rng.shuffle(code)
     chat = [t.format(topic) for topic in TOPICS for t in TEMPLATES]

@@ -379,23 +379,29 @@ def small_vocab(tmp_path_factory):
     return small_vocab_bundle(tmp_path_factory.mktemp("adaptive_vocab"), "onnxruntime")
 
 
-def _draw(bundle, params: SamplingParams):
+def _draw(bundle, params: SamplingParams, stop_below: float = 0.0):
     model = specc.load(bundle)
     out, stats = [], RunStats()
     for lo in range(0, N, BATCH):
         done = model.generate([PROMPT] * BATCH, max_new_tokens=3, seed=list(range(lo, lo + BATCH)), k="auto",
-                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+                              temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                              stop_below=stop_below)
         out += [c.token_ids for c in done]
         stats.merge(model.last_stats)
     return np.array(out), stats.to_dict()
 
 
-def test_auto_k_sampled_output_has_target_distribution(small_vocab, policy_kind):
+def test_auto_k_sampled_output_has_target_distribution(small_vocab, policy_kind, monkeypatch):
+    """Under the flipping policy with early stops: rows whose chains end where the draft is unsure stay exact."""
     target, bundle = small_vocab
     params = SamplingParams(0.8, 6, 0.9)
     exact = exact_marginals(target, params)
-    samples, stats = _draw(bundle, params)
+    seen = _spy_on_stops(monkeypatch)
+    samples, stats = _draw(bundle, params, stop_below=0.5 if policy_kind == "flipping" else 0.0)
     assert 0.01 < stats["acceptance_rate"] < 0.95
+    if policy_kind == "flipping":
+        rows = [(k, d) for k, lengths, stop in seen if stop for d in lengths if d]
+        assert 0.1 < sum(d < k for k, d in rows) / len(rows) < 0.9, "early stops should be common but not universal"
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
@@ -481,11 +487,55 @@ def test_recipe_k_auto_is_the_bundles_default(models_dir, prompts, tmp_path):
         Scheduler(model, max_batch=2)
 
 
-def test_early_stops_are_for_a_fixed_k(bundles):
-    """stop_below with k auto is refused (the policy does not model early stops), as is a value outside [0, 1]."""
+def test_early_stops_settings(bundles):
+    """stop_below outside [0, 1] is refused; k auto with and without early stops learns in separate policies
+    (a stopped chain counts as a rejection, so the two measure different acceptance)."""
     model = specc.load(bundles["draft"])
-    with pytest.raises(RequestError, match="fixed k"):
-        Scheduler(model, k="auto", stop_below=0.5)
     with pytest.raises(RequestError, match=r"\[0, 1\]"):
         Scheduler(model, k=3, stop_below=2)
     assert Scheduler(model, k=3).stop_below == 0.0 and Scheduler(model, k=3, stop_below=0.4).stop_below == 0.4
+    assert Scheduler(model, k="auto", stop_below=0.5).policy is not Scheduler(model, k="auto").policy
+
+
+def _spy_on_stops(monkeypatch) -> list[tuple[int, list[int], float]]:
+    """Record (k asked, drafts per row, stop_below) of every round a draft model drafts."""
+    from specc.runtime.drafters.model import ModelDrafter
+
+    seen, propose = [], ModelDrafter.propose
+
+    def spy(self, batch, k, params, warm=True, stop_below=0.0):
+        proposal = propose(self, batch, k, params, warm, stop_below)
+        seen.append((k, proposal.lengths.tolist(), proposal.stop_below))
+        return proposal
+
+    monkeypatch.setattr(ModelDrafter, "propose", spy)
+    return seen
+
+
+def test_auto_k_with_early_stops_equals_target_only(bundles, prompts, monkeypatch):
+    """k auto with draft.stop_below: k is the longest chain a round asks for, and a row's chain ends after a
+    draft the draft model gave < 0.3. Under a policy that changes k every round, greedy output stays the target's."""
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    model = specc.load(bundles["draft"])
+    seen = _spy_on_stops(monkeypatch)
+    chunk = prompts[:12]
+    fast = model.generate(chunk, max_new_tokens=20, k="auto", stop_below=0.3)
+    assert [c.token_ids for c in fast] == [c.token_ids for c in model.generate(chunk, max_new_tokens=20, speculative=False)]
+    lengths = [(k, d) for k, ds, stop in seen if stop == 0.3 for d in ds if d]
+    assert lengths and any(d < k for k, d in lengths) and any(d > 1 for k, d in lengths)
+
+
+def test_a_stop_counts_as_a_rejection_and_narrows_the_priced_width():
+    """Chains that stopped after 2 of k = 4 drafts, both accepted, gain what a rejection of the third would:
+    c_3 falls; the rounds verified 2, so a k = 4 round is priced at a width near 2 (at that batch size)."""
+    policy = AdaptiveK(4)
+    for _ in range(30):
+        policy.observe(RoundRecord([0], 4, [2], [2], 0.004, 0.012, 0.016, stop_below=0.6))
+    c = policy.conditional()
+    assert c[1] > 0.85 and c[2] > 0.85 and c[3] < 0.2
+    assert 2.0 < policy.drafted_width(1, 4) < 2.2 and policy.drafted_width(2, 4) == 4.0
+    plain = AdaptiveK(4)
+    for _ in range(30):  # lookup found 2 of 4: no stop, nothing counted past the drafts
+        plain.observe(RoundRecord([0], 4, [2], [2], 0.0, 0.012, 0.012))
+    assert plain.conditional()[3] == pytest.approx(plain.conditional()[2]) and plain.conditional()[3] > 0.85
+    assert plain.drafted_width(1, 4) == 4.0

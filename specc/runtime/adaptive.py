@@ -31,6 +31,11 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   catch-up is charged to this round in the share of its remaining rounds this round makes
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
   rounds, costs what it really costs.
+- Early stops (recipe draft.stop_below): k is then the longest chain a round asks for; a drafter of
+  one token at a time ends a row's chain after a draft it gave less than the threshold. A chain that
+  stopped after d drafts, all accepted, counts as a rejection at position d + 1 (the round gained what
+  a rejection there would have: c_i stays the gain per position), and a round asking for k is priced
+  at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
 
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
@@ -84,6 +89,7 @@ class RoundRecord:
     arm: str = "draft"  # which of the drafter's ways of drafting ran (Drafter.arms)
     catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
     catch_up_tokens: int = 0
+    stop_below: float = 0.0  # chains could end early where the drafter was unsure (Proposal.stop_below)
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
@@ -126,6 +132,7 @@ class _Arm:
     lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
     catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
+    reach: dict[int, list[list[float]]] = field(default_factory=dict)  # batch size -> per position: rounds asked, verified
 
     def catch_up_cost(self) -> float:
         """Seconds per token of context the arm takes in before drafting (0 until it has taken some in)."""
@@ -229,8 +236,18 @@ class AdaptiveK:
             after_first += reach
             per_row = [h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates]
             catch_up = per_token * sum(lag * min(1.0, t / max(left, 1)) for (lag, left), t in zip(entry, per_row))
-            out[k] = sum(per_row) / (self.round_seconds(len(rows), k * (1 - miss), arm) + catch_up)
+            width = self.drafted_width(len(rows), k, arm) * (1 - miss)
+            out[k] = sum(per_row) / (self.round_seconds(len(rows), width, arm) + catch_up)
         return out
+
+    def drafted_width(self, b: int, k: int, arm: str | None = None) -> float:
+        """Drafts a round that asks for k verifies at batch size b: k, less where chains stop early (the
+        share of rounds that asked for position i and verified it, per position, smoothed towards k)."""
+        reach = self.stats[arm or self.arms[0]].reach.get(b)
+        if reach is None:
+            return float(k)
+        asked, verified = reach
+        return sum((verified[i] + 1) / (asked[i] + 1) for i in range(1, k + 1))
 
     def conditional(self, arm: str | None = None) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
@@ -306,6 +323,12 @@ class AdaptiveK:
             for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
                 st.judged[i] += 1
                 st.accepted[i] += i <= n
+            if record.stop_below and 0 < d == n < min(record.k, self.k_max):  # a chain that stopped early
+                st.judged[d + 1] += 1  # gains what a rejection of the next draft would
+        if record.stop_below:
+            asked, verified = st.reach.setdefault(b, [[0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)])
+            for i in range(1, self.k_max + 1):
+                asked[i], verified[i] = self.decay * asked[i] + (i <= record.k), self.decay * verified[i] + (i <= min(width, record.k))
         drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
         if drafted:
             st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

@@ -53,7 +53,7 @@ class Scheduler:
         """k: chain length, or "auto" (runtime/adaptive.py picks 0..k_max each round); max_batch: at most
         this many rows (default and upper bound: the bundle's limits.max_batch); stop_below: a row's chain
         ends after a draft the drafter gave a probability below this (default: the recipe's draft.stop_below;
-        fixed k only: k auto does not model early stops yet and drafts every chain to the k it chose)."""
+        under k auto, k is the longest chain a round asks for and the policy learns where chains stop)."""
         self.model, self.target, self.drafter = model, model.target, model.drafter
         self.max_batch = model.max_batch if max_batch is None else max_batch
         if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
@@ -69,6 +69,10 @@ class Scheduler:
         self.tree = (tree or default_tree) if self.speculative else None
         if k is None and self.tree is None:
             k = model.k  # the recipe's: an integer or "auto"
+        if stop_below is not None and not (isinstance(stop_below, (int, float)) and not isinstance(stop_below, bool)
+                                           and 0.0 <= stop_below <= 1.0):
+            raise RequestError(f"stop_below must be a probability in [0, 1], got {stop_below!r}")
+        self.stop_below = model.stop_below if stop_below is None else float(stop_below)
         self.policy = None
         if k == "auto":
             if self.speculative and self.tree is None:
@@ -76,7 +80,7 @@ class Scheduler:
                 arms = self.drafter.arms
                 margins = {name: MIN_GAIN_LAZY_PREFILL if d.lazy_prefill else 1.0 for name, d in arms.items()}
                 # one policy per model and settings: a call starts from what earlier calls learned
-                key = (AdaptiveK, auto_k_max(model.k), tuple(margins.items()))
+                key = (AdaptiveK, auto_k_max(model.k), tuple(margins.items()), self.stop_below)
                 if key not in model.policies:
                     model.policies[key] = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms))
                 self.policy = model.policies[key]
@@ -85,12 +89,6 @@ class Scheduler:
         if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
         self.k = k if self.speculative and self.tree is None and k is not None else 0
-        if stop_below is not None and not (isinstance(stop_below, (int, float)) and not isinstance(stop_below, bool)
-                                           and 0.0 <= stop_below <= 1.0):
-            raise RequestError(f"stop_below must be a probability in [0, 1], got {stop_below!r}")
-        if stop_below and self.policy is not None:
-            raise RequestError("stop_below applies to a fixed k; k 'auto' drafts every chain to the k it chose")
-        self.stop_below = 0.0 if self.policy is not None else (model.stop_below if stop_below is None else float(stop_below))
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.stats = RunStats()
@@ -132,7 +130,7 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped, entered, arm = self.k, None, [], 0, None
+            k, counts, skipped, entered, arm, stopped_below = self.k, None, [], 0, None, 0.0
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
@@ -141,7 +139,7 @@ class Scheduler:
                 warm = not (self.policy and self.policy.measuring) or len(self.batch.seqs) == 1
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
                 new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
-                skipped, entered = proposal.skipped, proposal.catch_up_tokens
+                skipped, entered, stopped_below = proposal.skipped, proposal.catch_up_tokens, proposal.stop_below
                 if proposal.source == LOOKUP and LOOKUP in self.drafter.arms:  # lookup first drafted by lookup
                     arm = LOOKUP  # a round of the lookup arm, whichever arm was asked for
             else:
@@ -151,7 +149,8 @@ class Scheduler:
             self.last_round = RoundRecord(rows, k, n_draft, n_acc, self.stats.draft_seconds - before[0],
                                           self.stats.target_seconds - before[1],
                                           time.perf_counter() - round_start - caught_up, skipped,
-                                          arm or (self.policy.arm if self.policy else "draft"), caught_up, entered)
+                                          arm or (self.policy.arm if self.policy else "draft"), caught_up, entered,
+                                          stopped_below)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)

@@ -28,7 +28,9 @@ class Proposal:
     because the drafter has not taken in their context yet and was told not to (`propose(warm=False)`,
     for a round that only probes whether drafting pays); catch_up_seconds, catch_up_tokens: time
     spent entering context the drafter had not taken in, and how many tokens (a lazy prefill or a
-    catch-up after rounds it did not draft: not the cost of this round's drafts).
+    catch-up after rounds it did not draft: not the cost of this round's drafts); stop_below: the
+    threshold under which the drafter ended chains early (`Stops`; 0: every chain ran to k, or to what
+    prompt lookup found), for an adaptive policy to read a short chain as a stop, not a rejection.
     """
 
     tokens: torch.Tensor
@@ -38,6 +40,7 @@ class Proposal:
     skipped: list[int] = field(default_factory=list)
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
+    stop_below: float = 0.0
 
 
 @dataclass

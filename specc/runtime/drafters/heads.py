@@ -158,7 +158,7 @@ class EagleDrafter(GraphDrafter):
                 cache.commit(new_k, new_v, torch.ones_like(kept))
         cache.lengths = kept  # speculative entries carry draft features: never kept
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind)
+        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, stop_below=stop_below)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Level by level: every drafted node is an entry (its parent's output hidden state, its token)

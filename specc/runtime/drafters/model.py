@@ -103,7 +103,7 @@ class ModelDrafter(GraphDrafter):
                 n_feed = torch.ones_like(n_feed)
                 logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
         q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, cold, caught_up, entered)
+        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, cold, caught_up, entered, stop_below)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).

@@ -42,7 +42,7 @@ def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
     assert [i for i, k in enumerate(ks) if k] == [4, 14, 34, 54, 74], ks
     for _ in range(30):
         _feed(policy, [0, 1], 4, 4, 0.011)
-    assert policy.choose([0, 1]) > 0 and policy.idle_gap[2] == 5
+    assert policy.choose([0, 1]) > 0 and policy.idle_gap[2, "draft"] == 5
 
 
 def test_probe_gaps_are_kept_per_batch_size():
@@ -59,7 +59,7 @@ def test_probe_gaps_are_kept_per_batch_size():
         batch1.append(policy.choose([0]))
         batch2.append(policy.choose([0, 1]))
     assert sum(k > 0 for k in batch1) >= 35
-    assert [i for i, k in enumerate(batch2) if k] == [4, 14, 34] and policy.idle_gap == {1: 5, 2: 20}
+    assert [i for i, k in enumerate(batch2) if k] == [4, 14, 34] and policy.idle_gap == {(1, "draft"): 5, (2, "draft"): 20}
 
 
 def test_policy_prices_rounds_at_the_batch_size():
@@ -140,6 +140,48 @@ def test_the_lookup_arm_is_priced_by_this_rounds_hits(found, want):
         policy.observe(RoundRecord([0], 4, [4], [2], 0.004, 0.012, 0.016, arm="model"))
         policy.observe(RoundRecord([0], 4, [4], [4], 0.0, 0.012, 0.012, arm="lookup"))
     assert policy.choose([0], finds={"model": None, "lookup": [found]}) > 0 and policy.arm == want
+
+
+def test_lookup_that_finds_nothing_is_plain_decoding_and_the_model_is_probed():
+    """Batch 1, lookup in front of a draft model whose first rounds went badly: where lookup finds nothing, the
+    round is plain decoding (k = 0, not a lookup round that drafts nothing), so after a few of them an idle
+    probe tries the model again; a probe never goes to lookup, which would find nothing."""
+    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"))
+    policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.010, 0.010, arm="model"))
+    for _ in range(5):
+        policy.observe(RoundRecord([0], 2, [2], [0], 0.005, 0.012, 0.017, arm="model"))  # nothing accepted
+    chosen = []
+    for _ in range(10):
+        k = policy.choose([0], finds={"model": None, "lookup": [False]})
+        chosen.append((k, policy.arm))
+        policy.observe(RoundRecord([0], k, [k], [0], 0.0, 0.010, 0.017 if k else 0.010, arm=policy.arm))
+    assert all(k == 0 for k, _ in chosen[:policy.probe_idle - 1]), chosen
+    assert any(k > 0 and arm == "model" for k, arm in chosen)
+    assert not any(k > 0 and arm == "lookup" for k, arm in chosen)
+
+
+def test_lookup_rounds_do_not_bring_the_models_probes_back():
+    """Batch 4: lookup drafts (and pays) whenever every row finds a continuation, plain decoding wins otherwise,
+    the draft model never pays. The model's idle-probe gap keeps doubling through the lookup rounds."""
+    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_idle=4, probe_idle_max=32)
+    rows = [0, 1, 2, 3]
+    policy.observe(RoundRecord(rows, 0, [0] * 4, [0] * 4, 0.0, 0.040, 0.040, arm="model"))
+    for _ in range(5):
+        policy.observe(RoundRecord(rows, 3, [3] * 4, [0] * 4, 0.030, 0.060, 0.090, arm="model"))
+        policy.observe(RoundRecord(rows, 3, [3] * 4, [3] * 4, 0.0, 0.045, 0.045, arm="lookup"))
+    model_rounds = []
+    for i in range(96):
+        found = i % 3 == 0
+        k = policy.choose(rows, finds={"model": None, "lookup": [found] * 4})
+        assert found or not k or policy.arm == "model", "lookup that finds nothing drafts nothing: a plain round"
+        if k and policy.arm == "model":
+            model_rounds.append(i)
+        drafted = [k] * 4 if k and (found or policy.arm == "model") else [0] * 4
+        seconds = 0.040 if not k else (0.045 if policy.arm == "lookup" else 0.090)
+        accepted = drafted if policy.arm == "lookup" else [0] * 4
+        policy.observe(RoundRecord(rows, k, drafted, accepted, 0.0, seconds, seconds, arm=policy.arm))
+    gaps = [b - a for a, b in zip(model_rounds, model_rounds[1:])]
+    assert len(model_rounds) <= 5 and gaps == sorted(gaps), model_rounds
 
 
 def test_lookup_rounds_of_the_model_arm_are_booked_to_the_lookup_arm(bundles, prompts):

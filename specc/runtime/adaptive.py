@@ -50,13 +50,17 @@ draft model (the scheduler's choice): a catch-up paid now is worth it only if th
 drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
 int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
 1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains.
+An arm that knows it finds nothing this round (prompt lookup) neither wins nor probes: such a round is
+a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1 the int4
+Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off).
 A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
-and while k = 0 wins a round drafts with the best k >= 1 (of each arm in turn) after `probe_idle` plain rounds (a plain round measures no
-acceptance), the gap doubling after each probe that did not pay (up to `probe_idle_max`) and
-falling back when drafting wins again, so acceptance and costs that change are noticed without
-paying for a probe every few rounds where drafting never pays (a large batch); the gap is kept per
-batch size, so rounds at a smaller batch where drafting wins do not reset it. Such a probe, and a
+and while k = 0 wins, an arm that has not drafted at this batch size for `probe_idle` rounds drafts
+once with its best k >= 1 (a plain round measures no acceptance), the arm's gap doubling after each
+such probe (up to `probe_idle_max`) and falling back when the arm wins again, so acceptance and costs
+that change are noticed without paying for a probe every few rounds where drafting never pays (a
+large batch); the gap is kept per batch size and arm, so rounds at a smaller batch, or of prompt
+lookup, where drafting wins do not bring the draft model's probes back. Such a probe, and a
 probe of another arm, drafts only for rows the drafter already took in (`measuring`: rows that
 joined while the draft model was not drafting are not prefilled in it just to measure), except a
 lone row (batch 1): skipping it, the probe would measure nothing, and an arm whose first round went
@@ -153,13 +157,13 @@ class AdaptiveK:
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
         self.arms = tuple(arms)
         self.min_gain = min_gain if isinstance(min_gain, dict) else {a: min_gain for a in self.arms}
-        self.idle_gap: dict[int, int] = {}  # batch size -> plain rounds before its next probe (default probe_idle)
+        self.idle_gap: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds before its next idle probe (default probe_idle)
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
         self.stats = {a: _Arm([0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
         self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
         self.round_no = 0
-        self.idle: dict[int, int] = {}  # batch size -> its rounds at k = 0 in a row
+        self.idle: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds since the arm last drafted at that size
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
         self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
@@ -183,30 +187,37 @@ class AdaptiveK:
         self.round_no += 1
         self.measuring = False
         best, arm = 0, self.arms[0]
-        if len(rows) in self.plain or any(len(rows) in st.lines for st in self.stats.values()):
+        b = len(rows)
+        if b in self.plain or any(b in st.lines for st in self.stats.values()):
             rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
+            # arms that would draft something this round (prompt lookup knows when it finds nothing: such a
+            # round is a plain round, and neither wins nor probes as a drafting round)
+            able = [a for a in self.arms if (finds or {}).get(a) is None or any(finds[a])] or [arm]
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
-            arm = max(self.arms, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
+            arm = max(able, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
             if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
                 best = best_k[arm]
-            b, gap = len(rows), self.idle_gap.get(len(rows), self.probe_idle)
-            self.idle[b] = self.idle.get(b, 0) + 1 if best == 0 else 0
-            if best == 0 and self.idle[b] >= gap:  # plain decoding learns nothing: draft now and then
-                arm = self.arms[self.idle_probes % len(self.arms)]
+            # plain decoding learns nothing: while k = 0 wins, an arm that has not drafted at this batch size for
+            # its gap of rounds drafts once (other arms' drafting rounds do not count for it)
+            due = [a for a in able if self.idle.get((b, a), 0) + 1 >= self.idle_gap.get((b, a), self.probe_idle)]
+            if best == 0 and due:
+                arm = due[self.idle_probes % len(due)]
                 best = best_k[arm]
                 self.idle_probes += 1
-                self.idle[b], self.idle_gap[b] = 0, min(2 * gap, self.probe_idle_max)
+                self.idle_gap[b, arm] = min(2 * self.idle_gap.get((b, arm), self.probe_idle), self.probe_idle_max)
                 self.measuring = True
             elif best:
-                self.idle_gap[b] = self.probe_idle
+                self.idle_gap[b, arm] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
                     options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
-                    options += [(a, best_k[a]) for a in self.arms if a != arm]
+                    options += [(a, best_k[a]) for a in able if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
                     self.measuring, arm = probe_arm != arm, probe_arm
+            for a in self.arms:
+                self.idle[b, a] = 0 if best and a == arm else self.idle.get((b, a), 0) + 1
         # else: a batch size never seen: measure plain decoding first, the price of k = 0
         self.arm = arm
         self.chosen.append(best)

@@ -102,6 +102,18 @@ def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     assert (policy.choose(rows) > 0) == expect_drafting
 
 
+def test_a_lone_row_needs_no_margin():
+    """At batch 1 an idle probe takes the row in a few plain rounds later anyway (its catch-up is paid either
+    way), so drafting that promises ~8% more than plain decoding runs at once despite a 1.1 margin."""
+    policy = AdaptiveK(5, min_gain=1.1)
+    for _ in range(8):
+        _feed(policy, [0], 0, 0, 0.010)
+        _feed(policy, [0], 1, 1, 0.0185)
+    rates = policy.rates([0])
+    assert 1.0 < max(rates[k] for k in range(1, 6)) / rates[0] < 1.1
+    assert policy.choose([0]) > 0
+
+
 def test_the_margin_is_for_drafters_with_a_prefill(bundles):
     """A draft model (alone or behind lookup) pays a prefill per row it drafts for; lookup and early exit do not."""
     margins = {kind: Scheduler(specc.load(bundles[kind]), k="auto").policy.min_gain

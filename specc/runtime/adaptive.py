@@ -46,10 +46,12 @@ finds a continuation for, so the lookup arm is priced with this round's hits, no
 round of the model arm that lookup drafted (every row found one) is booked to the lookup arm.
 
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
-draft model (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
+draft model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
 drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
 int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
-1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains.
+1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains, and
+for a lone row, whose catch-up the idle probe below takes in a few plain rounds later anyway (with the
+margin the int4 Qwen pair at batch 1 opened each request with ~4 plain rounds, 41-85 of ~400 rounds).
 An arm that knows it finds nothing this round (prompt lookup) neither wins nor probes: such a round is
 a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1 the int4
 Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off).
@@ -195,9 +197,11 @@ class AdaptiveK:
             # arms that would draft something this round (prompt lookup knows when it finds nothing: such a
             # round is a plain round, and neither wins nor probes as a drafting round)
             able = [a for a in self.arms if (finds or {}).get(a) is None or any(finds[a])] or [arm]
-            # the arm whose best k promises the most over its margin (a gain within what its estimates leave out)
-            arm = max(able, key=lambda a: rates[a][best_k[a]] / self.min_gain[a])
-            if rates[arm][best_k[arm]] >= self.min_gain[arm] * plain:
+            # the arm whose best k promises the most over its margin (a gain within what its estimates leave out);
+            # none for a lone row, whose catch-up an idle probe pays a few plain rounds later anyway
+            margin = {a: self.min_gain[a] if b > 1 else 1.0 for a in self.arms}
+            arm = max(able, key=lambda a: rates[a][best_k[a]] / margin[a])
+            if rates[arm][best_k[arm]] >= margin[arm] * plain:
                 best = best_k[arm]
             # plain decoding learns nothing: while k = 0 wins, an arm that has not drafted at this batch size for
             # its gap of rounds drafts once (other arms' drafting rounds do not count for it)

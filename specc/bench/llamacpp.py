@@ -193,7 +193,8 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
     common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python"}
     target_only = open_llama(target_gguf, threads, n_ctx)
     overrides = target_only._specc_buft_overrides
-    common["repacked_tensors"] = len(overrides) - 1 if overrides is not None else "llama.cpp's choice"
+    own_choice = os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") == "1"
+    common["repacked_tensors"] = "llama.cpp's choice" if own_choice else (len(overrides) - 1 if overrides is not None else 0)
     systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, target_only, eos_ids, settings=common)]
     # speculative verify reads the logits of every drafted position (logits_all), which costs target-only decoding
     # ~4% here (the LM head over every prompt token), so target-only has its own Llama without it

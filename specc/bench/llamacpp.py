@@ -51,7 +51,8 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
         raise SpeccError(f"GGUF file {gguf} does not exist")
     threads = threads or len(os.sched_getaffinity(0))
     default, overrides = lib.llama_model_default_params, None
-    if os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") != "1":
+    own_choice = os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") == "1"
+    if not own_choice:
         overrides = _repack_overrides(lib, gguf)
 
         def params():
@@ -67,6 +68,7 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
     finally:
         lib.llama_model_default_params = default
     llm._specc_buft_overrides = overrides  # llama.cpp reads the patterns while loading; keep them alive with the model
+    llm.specc_repacked = "llama.cpp's choice" if own_choice else (len(overrides) - 1 if overrides is not None else 0)
     return llm
 
 
@@ -192,9 +194,7 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
 
     common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python"}
     target_only = open_llama(target_gguf, threads, n_ctx)
-    overrides = target_only._specc_buft_overrides
-    own_choice = os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") == "1"
-    common["repacked_tensors"] = "llama.cpp's choice" if own_choice else (len(overrides) - 1 if overrides is not None else 0)
+    common["repacked_tensors"] = target_only.specc_repacked
     systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, target_only, eos_ids, settings=common)]
     # speculative verify reads the logits of every drafted position (logits_all), which costs target-only decoding
     # ~4% here (the LM head over every prompt token), so target-only has its own Llama without it

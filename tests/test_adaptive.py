@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import numpy as np
 import pytest
@@ -174,8 +175,10 @@ def test_lookup_that_finds_nothing_is_plain_decoding_and_the_model_is_probed():
 
 def test_lookup_rounds_do_not_bring_the_models_probes_back():
     """Batch 4: lookup drafts (and pays) whenever every row finds a continuation, plain decoding wins otherwise,
-    the draft model never pays. The model's idle-probe gap keeps doubling through the lookup rounds."""
-    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_idle=4, probe_idle_max=32)
+    the draft model never pays. The model's idle-probe gap keeps doubling through the lookup rounds (the
+    probes of the best choice's neighbours and of other arms every `probe_every` rounds are left out)."""
+    policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_idle=4, probe_idle_max=32,
+                       probe_every=1000)
     rows = [0, 1, 2, 3]
     policy.observe(RoundRecord(rows, 0, [0] * 4, [0] * 4, 0.0, 0.040, 0.040, arm="model"))
     for _ in range(5):
@@ -291,7 +294,8 @@ def test_calls_start_from_what_earlier_calls_learned(bundles, prompts):
     model.generate(prompts[:2], max_new_tokens=12, k="auto")
     (policy,) = model.policies.values()
     rounds, learned = policy.round_no, dict(policy.plain)
-    assert rounds > 0 and 2 in learned and policy.stats["draft"].rows
+    assert rounds > 0 and 2 in learned
+    policy.stats["draft"].rows.setdefault(0, deque([(1, 1, True)]))  # a request's history, as a call may leave it
     scheduler = Scheduler(model, k="auto")
     assert scheduler.policy is policy and not policy.stats["draft"].rows  # the old requests are forgotten
     model.generate(prompts[2:4], max_new_tokens=12, k="auto")
@@ -317,6 +321,39 @@ def test_acceptance_is_learned_per_position():
     c = policy.conditional()
     assert c[1] == pytest.approx(0.5, abs=0.1) and min(c[2:]) > 0.8
     assert policy.choose([0]) == 8
+
+
+def test_acceptance_is_learned_per_class_of_draft():
+    """Prompt lookup's drafts after a three-token match are accepted, after a one-token match rejected (the
+    classes `Drafter.finds` reports): each round is priced with the acceptance of its class, so a round
+    whose row matched three tokens drafts the longest chain, and one that matched one token drafts none."""
+    policy = AdaptiveK(8)
+    _feed(policy, [0], 0, 0, 0.010)
+    for i in range(40):
+        cls = 3 if i % 2 else 1
+        policy.observe(RoundRecord([0], 8, [8], [8 if cls == 3 else 0], 0.0, 0.020, 0.020, classes=[cls]))
+    assert policy.conditional(cls=3)[1] > 0.8 and policy.conditional(cls=1)[1] < 0.15
+    assert policy.conditional()[1] == pytest.approx(0.5, abs=0.1)  # all drafts together
+    assert policy.choose([5], finds={"draft": [3]}) == 8
+    assert policy.choose([5], finds={"draft": [1]}) == 0
+    assert policy.choose([5], finds={"draft": [0]}) == 0 and not policy.measuring  # nothing found: a plain round
+
+
+def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
+    """finds and the proposal's classes: the n-gram length matched per row (0: nothing found)."""
+    model = specc.load(bundles["prompt_lookup"])
+    scheduler = Scheduler(model, k=4)
+    for i, ids in enumerate(model.encode(prompts[:2])):
+        scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
+    scheduler._admit()
+    batch, drafter = scheduler.batch, scheduler.drafter
+    first, second = batch.seqs
+    first.out.extend(first.prompt[:3])  # ends by repeating its own first tokens
+    second.out.append(max(second.tokens) + 1)  # a token never seen before: nothing to continue
+    n = drafter.max_ngram  # the recipe's longest n-gram
+    assert n >= 2 and drafter.finds(batch) == [n, 0]
+    proposal = drafter.propose(batch, 4, batch.params)
+    assert proposal.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
 
 
 class FlippingK(AdaptiveK):

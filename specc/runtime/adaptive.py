@@ -13,7 +13,12 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
   drafter says beforehand which rows it will find drafts for, `Drafter.finds`, h_b is 0 or 1). Each c_i
   is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
-  the ones before. k = 0 is plain decoding: 1 token per row.
+  the ones before. Where the drafter tells its drafts apart before drafting (`Drafter.finds`: prompt
+  lookup's class is the length of the n-gram it matched; on the quickstart's prompts a one-token
+  match's first draft is accepted ~20% of the time, a three-token match's ~85%), the c_i are also
+  kept per class (a class ages only in the rounds that draft it; its c_1 is smoothed towards all
+  classes' c_1) and each row is priced with its own class's, so a round of a three-token match may
+  draft 8 tokens and one of a one-token match 1 or none. k = 0 is plain decoding: 1 token per row.
 - T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
   with the tokens verified) as a line in the width w actually verified, fitted per batch size B
   by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
@@ -56,9 +61,10 @@ An arm that knows it finds nothing this round (prompt lookup) neither wins nor p
 a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1 the int4
 Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off).
 A batch size never seen before first runs one plain round; every
-`probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn),
-and while k = 0 wins, an arm that has not drafted at this batch size for `probe_idle` rounds drafts
-once with its best k >= 1 (a plain round measures no acceptance), the arm's gap doubling after each
+`probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn;
+0 only where no plain round was measured in the last `probe_every` rounds: prompt lookup that finds
+nothing makes plain rounds anyway), and while k = 0 wins, an arm that has not drafted at this batch
+size for `probe_idle` rounds drafts once with its best k >= 1 (a plain round measures no acceptance), the arm's gap doubling after each
 such probe (up to `probe_idle_max`) and falling back when the arm wins again, so acceptance and costs
 that change are noticed without paying for a probe every few rounds where drafting never pays (a
 large batch); the gap is kept per batch size and arm, so rounds at a smaller batch, or of prompt
@@ -96,6 +102,7 @@ class RoundRecord:
     catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
     catch_up_tokens: int = 0
     stop_below: float = 0.0  # chains could end early where the drafter was unsure (Proposal.stop_below)
+    classes: list[int] = field(default_factory=list)  # per row, the class of its drafts (Proposal.classes; empty: none)
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
@@ -139,6 +146,7 @@ class _Arm:
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
     catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
     reach: dict[int, list[list[float]]] = field(default_factory=dict)  # batch size -> per position: rounds asked, verified
+    classes: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)  # class -> its (judged, accepted)
 
     def catch_up_cost(self) -> float:
         """Seconds per token of context the arm takes in before drafting (0 until it has taken some in)."""
@@ -164,6 +172,7 @@ class AdaptiveK:
         self.prior_alpha = prior_alpha
         self.stats = {a: _Arm([0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
         self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
+        self.plain_round: dict[int, int] = {}  # batch size -> the latest round that measured a plain one
         self.round_no = 0
         self.idle: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds since the arm last drafted at that size
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
@@ -180,23 +189,24 @@ class AdaptiveK:
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int], remaining: list[int] | None = None,
-               behind: dict[str, list[int]] | None = None, finds: dict[str, list[bool] | None] | None = None) -> int:
+               behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None) -> int:
         """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
         take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
-        arm, whether it will find drafts for each row this round (`Drafter.finds`), where it knows."""
+        arm, whether it will find drafts for each row this round and of which class (`Drafter.finds`), where
+        it knows."""
         self.round_no += 1
         self.measuring = False
         best, arm = 0, self.arms[0]
         b = len(rows)
-        if b in self.plain or any(b in st.lines for st in self.stats.values()):
+        # arms that would draft something this round (prompt lookup knows when it finds nothing: such a round
+        # is a plain round, and neither wins nor probes as a drafting round)
+        able = [a for a in self.arms if (finds or {}).get(a) is None or any(finds[a])]
+        if able and (b in self.plain or any(b in st.lines for st in self.stats.values())):
             rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
-            # arms that would draft something this round (prompt lookup knows when it finds nothing: such a
-            # round is a plain round, and neither wins nor probes as a drafting round)
-            able = [a for a in self.arms if (finds or {}).get(a) is None or any(finds[a])] or [arm]
             # the arm whose best k promises the most over its margin (a gain within what its estimates leave out);
             # none for a lone row, whose catch-up an idle probe pays a few plain rounds later anyway
             margin = {a: self.min_gain[a] if b > 1 else 1.0 for a in self.arms}
@@ -215,41 +225,48 @@ class AdaptiveK:
             elif best:
                 self.idle_gap[b, arm] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
-                    options = [(arm, min(best + 1, self.k_max)), (arm, best - 1), (arm, 0)]
+                    # (k = 0 only where no plain round was measured lately: prompt lookup that finds nothing makes them)
+                    fresh = self.round_no - self.plain_round.get(b, -self.probe_every) < self.probe_every
+                    options = [(arm, min(best + 1, self.k_max)), (arm, best - 1)] + [(arm, 0)] * (not fresh)
                     options += [(a, best_k[a]) for a in able if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
                     self.measuring, arm = probe_arm != arm, probe_arm
             for a in self.arms:
                 self.idle[b, a] = 0 if best and a == arm else self.idle.get((b, a), 0) + 1
-        # else: a batch size never seen: measure plain decoding first, the price of k = 0
+        # else: no arm drafts anything this round, or a batch size never seen: measure plain decoding first,
+        # the price of k = 0
         self.arm = arm
         self.chosen.append(best)
         return best
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
-              behind: list[int] | None = None, finds: list[bool] | None = None) -> dict[int, float]:
+              behind: list[int] | None = None, finds: list[int] | None = None) -> dict[int, float]:
         """Predicted tokens per second of the whole batch for a round of k drafts, for every k in [0, k_max].
 
         A row the arm must first take `behind` tokens of (at the arm's measured seconds per token) pays
         for them over the rounds it has left (`remaining` tokens at this round's tokens per row): drafting
         for a row that is about to finish, or that plain rounds left far behind, is dearer than its round.
-        `finds` (whether the arm will have drafts for each row this round) replaces the rows' hit rates."""
-        c = self.conditional(arm)
-        estimates = [self.row_estimates(r, c[1], arm) for r in rows]
+        `finds` (whether the arm will have drafts for each row this round, of which class) replaces the rows'
+        hit rates, and each row's drafts are priced with the acceptance of their class."""
+        classes = finds or [0] * len(rows)
+        c = {cls: self.conditional(arm, cls) for cls in set(classes)}
+        estimates = [self.row_estimates(r, c[cls][1], arm) for r, cls in zip(rows, classes)]
         if finds is not None:
-            estimates = [(alpha, float(found)) for (alpha, _), found in zip(estimates, finds)]
+            estimates = [(alpha, float(found > 0)) for (alpha, _), found in zip(estimates, finds)]
         miss = 1.0
         for _, h in estimates:
             miss *= 1 - h
         per_token = self.stats[arm or self.arms[0]].catch_up_cost()
         entry = list(zip(behind, remaining)) if behind and remaining and per_token else []
-        out, reach, after_first = {0: len(rows) / self.round_seconds(len(rows), 0.0, arm)}, 1.0, 0.0
+        out = {0: len(rows) / self.round_seconds(len(rows), 0.0, arm)}
+        reach, after_first = dict.fromkeys(c, 1.0), dict.fromkeys(c, 0.0)
         for k in range(1, self.k_max + 1):
-            if k > 1:
-                reach *= c[k]  # chance that drafts 2..k are accepted given the first was
-            after_first += reach
-            per_row = [h * (1 + alpha * after_first) + 1 - h for alpha, h in estimates]
+            for cls, chain in c.items():
+                if k > 1:
+                    reach[cls] *= chain[k]  # chance that drafts 2..k are accepted given the first was
+                after_first[cls] += reach[cls]
+            per_row = [h * (1 + alpha * after_first[cls]) + 1 - h for (alpha, h), cls in zip(estimates, classes)]
             catch_up = per_token * sum(lag * min(1.0, t / max(left, 1)) for (lag, left), t in zip(entry, per_row))
             width = self.drafted_width(len(rows), k, arm) * (1 - miss)
             out[k] = sum(per_row) / (self.round_seconds(len(rows), width, arm) + catch_up)
@@ -264,12 +281,16 @@ class AdaptiveK:
         asked, verified = reach
         return sum((verified[i] + 1) / (asked[i] + 1) for i in range(1, k + 1))
 
-    def conditional(self, arm: str | None = None) -> list[float]:
-        """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused)."""
+    def conditional(self, arm: str | None = None, cls: int = 0) -> list[float]:
+        """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused), of
+        the arm's drafts of class `cls` (`Drafter.finds`; smoothed towards all its drafts) or of all (0)."""
         st = self.stats[arm or self.arms[0]]
-        c, prior, w = [1.0], self.prior_alpha, self.prior_weight
+        judged, accepted, prior = st.judged, st.accepted, self.prior_alpha
+        if cls in st.classes:
+            (judged, accepted), prior = st.classes[cls], self.conditional(arm)[1]
+        c, w = [1.0], self.prior_weight
         for i in range(1, self.k_max + 1):
-            prior = min((st.accepted[i] + w * prior) / (st.judged[i] + w), 0.99)
+            prior = min((accepted[i] + w * prior) / (judged[i] + w), 0.99)
             c.append(prior)
         return c
 
@@ -322,6 +343,7 @@ class AdaptiveK:
             cu[0], cu[1] = self.decay * cu[0] + record.catch_up_seconds, self.decay * cu[1] + record.catch_up_tokens
         if width == 0:
             self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
+            self.plain_round[b] = self.round_no
         live = set(record.rows)
         for st in self.stats.values():
             st.rows = {r: s for r, s in st.rows.items() if r in live}
@@ -331,15 +353,25 @@ class AdaptiveK:
         st = self.stats[record.arm]
         st.judged = [x * self.decay for x in st.judged]
         st.accepted = [x * self.decay for x in st.accepted]
+        seen: dict[int, tuple[list[float], list[float]]] = {}  # this round's (judged, accepted) per class
         for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
             if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
                 continue
             st.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
-            for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
-                st.judged[i] += 1
-                st.accepted[i] += i <= n
-            if record.stop_below and 0 < d == n < min(record.k, self.k_max):  # a chain that stopped early
-                st.judged[d + 1] += 1  # gains what a rejection of the next draft would
+            cls = record.classes[j] if record.classes and d else 0
+            counts = [(st.judged, st.accepted)]
+            if cls:
+                counts.append(seen.setdefault(cls, ([0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1))))
+            for judged, accepted in counts:
+                for i in range(1, min(n + 1, d) + 1):  # drafts 1..n accepted, draft n+1 (if any) rejected
+                    judged[i] += 1
+                    accepted[i] += i <= n
+                if record.stop_below and 0 < d == n < min(record.k, self.k_max):  # a chain that stopped early
+                    judged[d + 1] += 1  # gains what a rejection of the next draft would
+        for cls, (judged, accepted) in seen.items():  # a class ages only in the rounds that draft it
+            old_judged, old_accepted = st.classes.get(cls, ([0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)))
+            st.classes[cls] = ([self.decay * o + x for o, x in zip(old_judged, judged)],
+                               [self.decay * o + x for o, x in zip(old_accepted, accepted)])
         if record.stop_below:
             asked, verified = st.reach.setdefault(b, [[0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)])
             for i in range(1, self.k_max + 1):

@@ -130,7 +130,7 @@ class Scheduler:
             round_start = time.perf_counter()
             before = (self.stats.draft_seconds, self.stats.target_seconds, self.stats.prefill_seconds)
             rows = [s.index for s in self.batch.seqs]
-            k, counts, skipped, entered, arm, stopped_below = self.k, None, [], 0, None, 0.0
+            k, counts, skipped, entered, arm, stopped_below, classes = self.k, None, [], 0, None, 0.0, []
             if self.tree is not None:
                 k, (new_tokens, counts) = self.tree.size, self._tree_round(self.batch)
             elif self.speculative and (k := self._policy_k(self.batch) if self.policy else self.k):
@@ -140,6 +140,7 @@ class Scheduler:
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
                 new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
                 skipped, entered, stopped_below = proposal.skipped, proposal.catch_up_tokens, proposal.stop_below
+                classes = proposal.classes or []
                 if proposal.source == LOOKUP and LOOKUP in self.drafter.arms:  # lookup first drafted by lookup
                     arm = LOOKUP  # a round of the lookup arm, whichever arm was asked for
             else:
@@ -150,7 +151,7 @@ class Scheduler:
                                           self.stats.target_seconds - before[1],
                                           time.perf_counter() - round_start - caught_up, skipped,
                                           arm or (self.policy.arm if self.policy else "draft"), caught_up, entered,
-                                          stopped_below)
+                                          stopped_below, classes)
             if self.policy is not None:
                 self.policy.observe(self.last_round)
             events += self._advance(self.batch, new_tokens)
@@ -161,12 +162,12 @@ class Scheduler:
 
     def _policy_k(self, batch: Batch) -> int:
         """The adaptive policy's k for this round (its arm: `policy.arm`), given what each row may still
-        generate, what each arm would have to take in before drafting and, with more than one arm,
-        which rows each arm would find drafts for (prompt lookup knows before it drafts)."""
+        generate, what each arm would have to take in before drafting and which rows each arm would find
+        drafts for, of which class (prompt lookup knows before it drafts)."""
         seqs, arms = batch.seqs, self.drafter.arms
         return self.policy.choose([s.index for s in seqs], remaining=[s.max_new_tokens - len(s.out) for s in seqs],
                                   behind={name: d.behind(batch) for name, d in arms.items()},
-                                  finds={name: d.finds(batch) for name, d in arms.items()} if len(arms) > 1 else None)
+                                  finds={name: d.finds(batch) for name, d in arms.items()})
 
     @contextmanager
     def _timed(self, what: str):

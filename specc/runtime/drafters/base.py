@@ -30,7 +30,9 @@ class Proposal:
     spent entering context the drafter had not taken in, and how many tokens (a lazy prefill or a
     catch-up after rounds it did not draft: not the cost of this round's drafts); stop_below: the
     threshold under which the drafter ended chains early (`Stops`; 0: every chain ran to k, or to what
-    prompt lookup found), for an adaptive policy to read a short chain as a stop, not a rejection.
+    prompt lookup found), for an adaptive policy to read a short chain as a stop, not a rejection;
+    classes: per row, the class of its drafts where the drafter tells them apart (`Drafter.finds`;
+    prompt lookup: the length of the n-gram it matched, 0 where it found nothing), else None.
     """
 
     tokens: torch.Tensor
@@ -41,6 +43,7 @@ class Proposal:
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
     stop_below: float = 0.0
+    classes: list[int] | None = None
 
 
 @dataclass
@@ -88,9 +91,11 @@ class Drafter:
         drafters that draft from what they already hold."""
         return [0] * len(batch.seqs)
 
-    def finds(self, batch: Batch) -> list[bool] | None:
-        """Whether each row would get drafts this round, for drafters that know beforehand (prompt lookup:
-        whether the context has a continuation); None: it drafts for every row."""
+    def finds(self, batch: Batch) -> list[int] | None:
+        """What each row would get this round, for drafters that know beforehand: 0 no drafts, else the
+        class of its drafts, drafts of one class being accepted alike (prompt lookup: the length of the
+        n-gram it matched; a three-token match is accepted far more often than a one-token one); None:
+        it drafts for every row and cannot tell them apart."""
         return None
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:

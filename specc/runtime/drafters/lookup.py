@@ -30,22 +30,26 @@ class PromptLookupDrafter(Drafter):
     def build(cls, ctx: DraftContext) -> "PromptLookupDrafter":
         return cls(ctx.settings["max_ngram"], ctx.settings["min_ngram"], ctx.vocab_size)
 
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
+    def match(self, tokens: list[int], k: int) -> tuple[int, list[int]]:
+        """(n, the up to k tokens that followed the latest earlier occurrence of the last n tokens) for the
+        longest n in [min_ngram, max_ngram] that occurs; (0, []) if none does."""
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == tail:
-                    return tokens[start + n:start + n + k]
-        return []
+                    return n, tokens[start + n:start + n + k]
+        return 0, []
 
-    def finds(self, batch: Batch) -> list[bool]:
-        return [bool(self.lookup(s.tokens, 1)) for s in batch.seqs]
+    def finds(self, batch: Batch) -> list[int]:
+        return [self.match(s.tokens, 1)[0] for s in batch.seqs]
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
-        return self.drafts([self.lookup(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
+        return self.drafts([self.match(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device, self.kind)
 
-    def drafts(self, found: list[list[int]], params: RowParams, device: torch.device, source: str) -> Proposal:
-        """The proposal of each row's lookup: tokens [B, width], one-hot q (sampled rows), lengths."""
+    def drafts(self, matches: list[tuple[int, list[int]]], params: RowParams, device: torch.device, source: str) -> Proposal:
+        """The proposal of each row's lookup (n, tokens): tokens [B, width], one-hot q (sampled rows), lengths,
+        the matched n as each row's class."""
+        found = [f for _, f in matches]
         width = max(len(f) for f in found)
         draft = torch.zeros(len(found), width, dtype=torch.long, device=device)
         for b, f in enumerate(found):
@@ -54,11 +58,11 @@ class PromptLookupDrafter(Drafter):
         q = None
         if not params.all_greedy:
             q = torch.zeros(len(found), width, self.vocab_size, device=device).scatter_(-1, draft[..., None], 1.0)
-        return Proposal(draft, q, lengths, source)
+        return Proposal(draft, q, lengths, source, classes=[n if f else 0 for n, f in matches])
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         tokens = batch.seqs[0].tokens
-        return lambda: self.lookup(tokens, k)
+        return lambda: self.match(tokens, k)
 
 
 class LookupFirstDrafter(Drafter):
@@ -98,8 +102,8 @@ class LookupFirstDrafter(Drafter):
         return self.model.behind(batch)
 
     def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
-        found = [self.lookup.lookup(s.tokens, k) for s in batch.seqs]
-        if all(found):
+        found = [self.lookup.match(s.tokens, k) for s in batch.seqs]
+        if all(n for n, _ in found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device, LOOKUP)
         return self.model.propose(batch, k, params, warm, stop_below)
 

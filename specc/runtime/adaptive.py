@@ -74,8 +74,8 @@ joined while the draft model was not drafting are not prefilled in it just to me
 lone row (batch 1): skipping it, the probe would measure nothing, and an arm whose first round went
 badly would never be tried again (on the int4 Qwen pair at concurrency 1 the draft model drafted in
 2 of ~700 rounds). The choice depends only on
-rounds that are finished (their accepted counts and timings), never on the current round's
-drafts or noise, so each round is an ordinary lossless speculative round: greedy output is the
+rounds that are finished (their accepted counts and timings) and on the context generated so far
+(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an ordinary lossless speculative round: greedy output is the
 target's and sampled output has the target's distribution whatever sequence of k the policy picks.
 """
 from __future__ import annotations

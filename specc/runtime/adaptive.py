@@ -64,9 +64,9 @@ A batch size never seen before first runs one plain round; every
 `probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn;
 0 only where no plain round was measured in the last `probe_every` rounds: prompt lookup that finds
 nothing makes plain rounds anyway), and while k = 0 wins, an arm that has not drafted at this batch
-size for `probe_idle` rounds drafts once with its best k >= 1 (a plain round measures no acceptance), the arm's gap doubling after each
-such probe (up to `probe_idle_max`) and falling back when the arm wins again, so acceptance and costs
-that change are noticed without paying for a probe every few rounds where drafting never pays (a
+size for `probe_idle` rounds drafts once with its best k >= 1 (a plain round measures no acceptance),
+the arm's gap doubling after each such probe (up to `probe_idle_max`) and falling back when the arm
+wins again, so acceptance and costs that change are noticed without paying for a probe every few rounds where drafting never pays (a
 large batch); the gap is kept per batch size and arm, so rounds at a smaller batch, or of prompt
 lookup, where drafting wins do not bring the draft model's probes back. Such a probe, and a
 probe of another arm, drafts only for rows the drafter already took in (`measuring`: rows that
@@ -75,8 +75,9 @@ lone row (batch 1): skipping it, the probe would measure nothing, and an arm who
 badly would never be tried again (on the int4 Qwen pair at concurrency 1 the draft model drafted in
 2 of ~700 rounds). The choice depends only on
 rounds that are finished (their accepted counts and timings) and on the context generated so far
-(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an ordinary lossless speculative round: greedy output is the
-target's and sampled output has the target's distribution whatever sequence of k the policy picks.
+(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an
+ordinary lossless speculative round: greedy output is the target's and sampled output has the
+target's distribution whatever sequence of k the policy picks.
 """
 from __future__ import annotations
 

@@ -108,6 +108,33 @@ def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
 
+def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monkeypatch):
+    """k auto prices prompt lookup's rounds by how long a match the rows' contexts hold (`Drafter.finds`):
+    k then depends on the context, never on the round's noise, so sampled output keeps the target's
+    distribution. A policy that drafts as many tokens as the longest match is long makes that dependence
+    as strong as it gets; the prompt holds every two-token sequence that starts with its last token."""
+    from specc.runtime.adaptive import AdaptiveK
+
+    chosen = []
+
+    class MatchLengthK(AdaptiveK):
+        def choose(self, rows, remaining=None, behind=None, finds=None):
+            chosen.append(max(finds["draft"]))
+            return chosen[-1]
+
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", MatchLengthK)
+    target, _ = small_vocab
+    bundle = build_bundle(tmp_path / "lookup2", target, {"method": "prompt_lookup", "max_ngram": 2},
+                          limits={"max_batch": 512, "max_context": 64}, backend="torch", speculation={"k": 2})
+    params, prompt = PARAMS[1], [t for x in range(VOCAB) for t in (4, x)] + [4]
+    exact = exact_marginals(target, params, prompt)
+    samples, stats = draw(bundle, params, prompt, k="auto")
+    assert {1, 2} <= set(chosen), "rounds of one- and two-token matches"
+    assert 0.01 < stats["acceptance_rate"] < 0.95
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
 def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
     rows = torch.arange(p.shape[0])
     return n_draft, sample(p[rows, n_draft], u_next)

@@ -50,34 +50,33 @@ the arm whose best k promises the most over its margin. Lookup knows before draf
 finds a continuation for, so the lookup arm is priced with this round's hits, not an average; a
 round of the model arm that lookup drafted (every row found one) is booked to the lookup arm.
 
-The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a
-draft model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row keeps being
-drafted for, which the estimate assumes and an estimate near break-even does not deliver (on the
-int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their catch-ups);
-1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up gains, and
-for a lone row, whose catch-up the idle probe below takes in a few plain rounds later anyway (with the
-margin the int4 Qwen pair at batch 1 opened each request with ~4 plain rounds, 41-85 of ~400 rounds).
-An arm that knows it finds nothing this round (prompt lookup) neither wins nor probes: such a round is
-a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1 the int4
-Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off).
-A batch size never seen before first runs one plain round; every
-`probe_every`-th round runs the best k + 1, the best k - 1, 0 or another arm's best k instead (in turn;
-0 only where no plain round was measured in the last `probe_every` rounds: prompt lookup that finds
-nothing makes plain rounds anyway), and while k = 0 wins, an arm that has not drafted at this batch
-size for `probe_idle` rounds drafts once with its best k >= 1 (a plain round measures no acceptance),
-the arm's gap doubling after each such probe (up to `probe_idle_max`) and falling back when the arm
-wins again, so acceptance and costs that change are noticed without paying for a probe every few rounds where drafting never pays (a
-large batch); the gap is kept per batch size and arm, so rounds at a smaller batch, or of prompt
-lookup, where drafting wins do not bring the draft model's probes back. Such a probe, and a
-probe of another arm, drafts only for rows the drafter already took in (`measuring`: rows that
-joined while the draft model was not drafting are not prefilled in it just to measure), except a
-lone row (batch 1): skipping it, the probe would measure nothing, and an arm whose first round went
-badly would never be tried again (on the int4 Qwen pair at concurrency 1 the draft model drafted in
-2 of ~700 rounds). The choice depends only on
-rounds that are finished (their accepted counts and timings) and on the context generated so far
-(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an
-ordinary lossless speculative round: greedy output is the target's and sampled output has the
-target's distribution whatever sequence of k the policy picks.
+The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a draft
+model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row
+keeps being drafted for, which the estimate assumes and an estimate near break-even does not deliver (on
+the int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their
+catch-ups); 1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up
+gains, and for a lone row, whose catch-up the idle probe below takes in a few plain rounds later anyway
+(with the margin the int4 Qwen pair at batch 1 opened each request with ~4 plain rounds, 41-85 of ~400
+rounds). An arm that knows it finds nothing this round (prompt lookup) neither wins nor probes: such a
+round is a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1
+the int4 Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off). A batch size
+never seen before first runs one plain round; every `probe_every`-th round runs the best k + 1, the best
+k - 1, 0 or another arm's best k instead (in turn; 0 only where no plain round was measured in the last
+`probe_every` rounds: prompt lookup that finds nothing makes plain rounds anyway), and while k = 0 wins,
+an arm that has not drafted at this batch size for `probe_idle` rounds drafts once with its best k >= 1
+(a plain round measures no acceptance), the arm's gap doubling after each such probe (up to
+`probe_idle_max`) and falling back when the arm wins again, so acceptance and costs that change are
+noticed without paying for a probe every few rounds where drafting never pays (a large batch); the gap
+is kept per batch size and arm, so rounds at a smaller batch, or of prompt lookup, where drafting wins
+do not bring the draft model's probes back. Such a probe, and a probe of another arm, drafts only for
+rows the drafter already took in (`measuring`: rows that joined while the draft model was not drafting
+are not prefilled in it just to measure), except a lone row (batch 1): skipping it, the probe would
+measure nothing, and an arm whose first round went badly would never be tried again (on the int4 Qwen
+pair at concurrency 1 the draft model drafted in 2 of ~700 rounds). The choice depends only on rounds
+that are finished (their accepted counts and timings) and on the context generated so far
+(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an ordinary
+lossless speculative round: greedy output is the target's and sampled output has the target's
+distribution whatever sequence of k the policy picks.
 """
 from __future__ import annotations
 

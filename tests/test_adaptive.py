@@ -199,26 +199,28 @@ def test_lookup_rounds_do_not_bring_the_models_probes_back():
     assert len(model_rounds) <= 5 and gaps == sorted(gaps), model_rounds
 
 
-def test_lookup_rounds_of_the_model_arm_are_booked_to_the_lookup_arm(bundles, prompts):
-    """A policy that always asks for the model arm: rounds where every row found a continuation were drafted
-    by lookup and are the lookup arm's to learn from."""
-    class ModelArm(AdaptiveK):
+def test_the_model_arm_drafts_with_the_model_where_lookup_finds(bundles, prompts):
+    """Lookup in front of a draft model: the policy's "model" arm drafts with the model in every round, also
+    where lookup has a continuation (whether a match is long enough to beat the model is the policy's choice,
+    made with its length in hand); the "lookup" arm's rounds count as lookup rounds in the statistics."""
+    class Alternate(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
-            self.arm, self.measuring = "model", False
+            self.arm, self.measuring = ("model", "lookup")[self.round_no % 2], False
+            self.round_no += 1
+            asked.append((self.arm, finds["lookup"][0] > 0))
             return 3
 
-        def observe(self, record):
-            seen.append(record.arm)
-
-    seen: list[str] = []
+    asked: list[tuple[str, bool]] = []
     model = specc.load(bundles["lookup_first"])
-    scheduler = Scheduler(model, k="auto", max_batch=1)  # one row: lookup finds for all rows often
-    scheduler.policy = ModelArm(4, arms=("model", "lookup"))
+    scheduler = Scheduler(model, k="auto", max_batch=1)
+    scheduler.policy = Alternate(4, arms=("model", "lookup"))
     for i, ids in enumerate(model.encode(prompts[:4])):
         scheduler.submit(model.new_request(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
     while scheduler.busy:
         scheduler.step()
-    assert "lookup" in seen and "model" in seen
+    stats = scheduler.stats.speculation
+    assert ("model", True) in asked  # the model drafted where lookup had found something
+    assert stats.rounds == len(asked) and stats.lookup_rounds == sum(arm == "lookup" for arm, _ in asked)
 
 
 def test_probes_of_another_arm_only_measure():

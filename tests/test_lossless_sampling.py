@@ -169,8 +169,8 @@ def test_lookup_first_with_the_wrong_q_is_caught(small_vocab, monkeypatch):
 
     one_hot = PromptLookupDrafter.drafts
 
-    def uniform_q(self, found, params, device, source):
-        p = one_hot(self, found, params, device, source)
+    def uniform_q(self, found, params, device):
+        p = one_hot(self, found, params, device)
         p.q = None if p.q is None else torch.full_like(p.q, 1.0 / p.q.shape[-1])
         return p
 

@@ -43,12 +43,13 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
 
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
-a draft model drafts with the model for the rows lookup misses ("model"), or leaves those rows
-without drafts and never runs the model ("lookup": no draft cost, no draft prefill). Each arm has
-its own acceptance, hit rate and cost lines (plain rounds price k = 0 for all); each round takes
-the arm whose best k promises the most over its margin. Lookup knows before drafting which rows it
-finds a continuation for, so the lookup arm is priced with this round's hits, not an average; a
-round of the model arm that lookup drafted (every row found one) is booked to the lookup arm.
+a draft model drafts with the model ("model", every row, whatever lookup finds), or with lookup alone,
+leaving the rows it misses without drafts and never running the model ("lookup": no draft cost, no
+draft prefill). Each arm has its own acceptance, hit rate and cost lines (plain rounds price k = 0 for
+all); each round takes the arm whose best k promises the most over its margin. Lookup knows before
+drafting which rows it finds a continuation for and how long a match, so the lookup arm is priced with
+this round's hits and classes, not an average: a round of long matches drafts by lookup, one of short
+matches by the model.
 
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a draft
 model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row

@@ -22,7 +22,7 @@ from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sample
 from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
-from .stats import LOOKUP, RunStats
+from .stats import RunStats
 from .step import pad_right
 from .target import Verdict
 
@@ -141,8 +141,6 @@ class Scheduler:
                 new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
                 skipped, entered, stopped_below = proposal.skipped, proposal.catch_up_tokens, proposal.stop_below
                 classes = proposal.classes or []
-                if proposal.source == LOOKUP and LOOKUP in self.drafter.arms:  # lookup first drafted by lookup
-                    arm = LOOKUP  # a round of the lookup arm, whichever arm was asked for
             else:
                 k, new_tokens = 0, self._target_round(self.batch)
             n_draft, n_acc = counts or ([0] * len(rows), [0] * len(rows))

@@ -358,6 +358,26 @@ def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
     assert proposal.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
 
 
+@pytest.mark.parametrize("min_ngram", [1, 2, 3])
+def test_prompt_lookup_finds_the_latest_longest_match(min_ngram):
+    """PromptLookupDrafter.match against its definition, on random contexts over small vocabularies (many
+    repeats): the longest n in [min_ngram, max_ngram] whose last n tokens occurred before, the latest such
+    occurrence, and the up to k tokens that followed it."""
+    from specc.runtime.drafters import PromptLookupDrafter
+
+    def by_definition(tokens, k):
+        for n in range(min(3, len(tokens) - 1), min_ngram - 1, -1):
+            starts = [s for s in range(len(tokens) - n) if tokens[s:s + n] == tokens[-n:]]
+            if starts:
+                return n, tokens[starts[-1] + n:starts[-1] + n + k]
+        return 0, []
+
+    drafter, rng = PromptLookupDrafter(3, min_ngram, 8), np.random.default_rng(min_ngram)
+    for _ in range(3000):
+        tokens = rng.integers(0, rng.integers(1, 8), size=rng.integers(0, 40)).tolist()
+        assert drafter.match(tokens, 4) == by_definition(tokens, 4), tokens
+
+
 class FlippingK(AdaptiveK):
     """A policy that changes k every round (0 included), in a fixed pseudo-random order; some of its
     drafting rounds are idle probes (a draft model skips rows whose context it has not taken in), and it

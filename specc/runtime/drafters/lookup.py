@@ -34,11 +34,22 @@ class PromptLookupDrafter(Drafter):
     def match(self, tokens: list[int], k: int) -> tuple[int, list[int]]:
         """(n, the up to k tokens that followed the latest earlier occurrence of the last n tokens) for the
         longest n in [min_ngram, max_ngram] that occurs; (0, []) if none does."""
+        if len(tokens) < 2:
+            return 0, []
+        # where the last token occurred before, latest first (list.index scans in C: a search costs
+        # its few occurrences, not a Python loop over the whole context for every n)
+        earlier, ends, i = tokens[-2::-1], [], -1
+        while True:
+            try:
+                i = earlier.index(tokens[-1], i + 1)
+            except ValueError:
+                break
+            ends.append(len(tokens) - 2 - i)
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             tail = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):
-                if tokens[start:start + n] == tail:
-                    return n, tokens[start + n:start + n + k]
+            for end in ends:  # an occurrence of the n-gram that ends at `end`
+                if end >= n - 1 and tokens[end - n + 1:end + 1] == tail:
+                    return n, tokens[end + 1:end + 1 + k]
         return 0, []
 
     def finds(self, batch: Batch) -> list[int]:

@@ -47,12 +47,35 @@ def test_greedy_equals_target_only(head_bundles, name):
 
 
 def test_eagle_behind_lookup_greedy_under_flipping_k(head_bundles, monkeypatch):
-    """k auto, with a policy that changes k (0 included) and the arm (lookup alone, lookup then the head)
+    """k auto, with a policy that changes k (0 included) and the arm (lookup alone, the head alone)
     every round: the head's features stay in step whatever drafted the rounds before."""
     monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
     _, bundles = head_bundles
     stats = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k="auto")
     assert 0 < stats["lookup_rounds"] < stats["rounds"]
+
+
+def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch):
+    """After every round, plain ones (k = 0) and lookup's included, each row's head cache and its features not
+    yet entered cover exactly the tokens the target committed: the head never pairs a token with another's feature."""
+    import specc
+    from specc.runtime.scheduler import Scheduler
+
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    _, bundles = head_bundles
+    model = specc.load(bundles["eagle_lookup"])
+    scheduler = Scheduler(model, k="auto", max_batch=4)
+    for i, ids in enumerate(token_prompts(8)):
+        scheduler.submit(model.new_request(i, ids, 16, model.sampling_params(), i, k=scheduler.lookahead))
+    plain = 0
+    while scheduler.busy:
+        scheduler.step()
+        plain += scheduler.last_round is not None and scheduler.last_round.k == 0
+        if scheduler.batch is not None:
+            head = scheduler.batch.draft_cache
+            entered = head.lengths + torch.tensor([len(t) for t in head.todo])
+            assert entered.tolist() == scheduler.batch.cache.lengths.tolist()
+    assert plain > 0
 
 
 @pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup",  # trees: per-row Python tree growth over 512 rows

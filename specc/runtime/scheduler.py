@@ -196,6 +196,8 @@ class Scheduler:
             first = torch.zeros_like(cache.lengths)[:, None]
             verdict = self.target.decide(cache, batch.pending[:, None], first, batch.params, batch.noise(1)[:, 0])
         cache.commit(verdict.new_k, verdict.new_v, torch.ones_like(cache.lengths))
+        if self.speculative:  # a plain round under k auto: a drafter over the target's features takes this token's
+            self.drafter.after_verify(batch, verdict)
         return [[t] for t in verdict.next_token.tolist()]
 
     def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None

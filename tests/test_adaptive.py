@@ -341,6 +341,21 @@ def test_acceptance_is_learned_per_class_of_draft():
     assert policy.choose([5], finds={"draft": [0]}) == 0 and not policy.measuring  # nothing found: a plain round
 
 
+def test_a_short_match_is_drafted_by_the_model_a_long_one_by_lookup():
+    """Lookup in front of a draft model at batch 1: the model's drafts are accepted 3 of 4 at 30 ms a round,
+    lookup's after a one-token match never, after a three-token match always (20 ms). The match length
+    lookup reports for this round decides the arm: the model for a one-token match, lookup for a long one."""
+    policy = AdaptiveK(4, arms=("model", "lookup"))
+    policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.015, 0.015))
+    for i in range(30):
+        policy.observe(RoundRecord([0], 4, [4], [3], 0.010, 0.020, 0.030, arm="model"))
+        cls = 3 if i % 2 else 1
+        policy.observe(RoundRecord([0], 4, [4], [4 if cls == 3 else 0], 0.0, 0.020, 0.020, arm="lookup", classes=[cls]))
+    picks = {cls: (policy.choose([0], finds={"model": None, "lookup": [cls]}), policy.arm) for cls in (1, 3)}
+    assert picks[1][0] > 0 and picks[1][1] == "model"
+    assert picks[3] == (4, "lookup")
+
+
 def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
     """finds and the proposal's classes: the n-gram length matched per row (0: nothing found)."""
     model = specc.load(bundles["prompt_lookup"])

@@ -108,6 +108,29 @@ def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
 
+def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab, monkeypatch):
+    """k auto on lookup in front of a draft model: the policy's arms, the model alone (also where lookup
+    finds a continuation) and lookup alone (rows it misses get no drafts), taken in turn with a changing
+    k, keep the target's distribution."""
+    from specc.runtime.adaptive import AdaptiveK
+
+    class Arms(AdaptiveK):
+        def choose(self, rows, remaining=None, behind=None, finds=None):
+            self.round_no += 1
+            self.arm, self.measuring = ("model", "lookup")[self.round_no % 2], False
+            return 1 + self.round_no % 3
+
+    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", Arms)
+    target, bundles = small_vocab
+    params, prompt = PARAMS[1], LOOKUP_PROMPT
+    exact = exact_marginals(target, params, prompt)
+    samples, stats = draw(bundles["lookup_first"], params, prompt, batch=4, k="auto")
+    assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8 and 0 < stats["accepted"] < stats["drafted"]
+    assert stats["lookup_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None  # both drafted
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
 def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monkeypatch):
     """k auto prices prompt lookup's rounds by how long a match the rows' contexts hold (`Drafter.finds`):
     k then depends on the context, never on the round's noise, so sampled output keeps the target's

@@ -15,6 +15,9 @@ and p50/p99 inter-token latency (per request: (last - first token time) / (token
 the levels every server answers `--warmup` requests (default 4), so the figures are those of a
 server that has run for a while, not of its first minute (k auto learns costs and acceptance
 from nothing when a server starts: about 1% of the first 16 requests' throughput on the Qwen pair).
+Modes take turns within a level, in slices whose order reverses every slice (`--slices`, default 2);
+with many slices, e.g. `--concurrency 1 --requests 64 --slices 16`, each pair of modes is compared
+slice by slice, which takes the machine's drift out of a small difference and gives its spread.
 """
 from __future__ import annotations
 
@@ -59,6 +62,10 @@ class Level:
     concurrency: int
     seconds: float
     results: list[Result] = field(default_factory=list)
+    slices: list[float] = field(default_factory=list)  # tokens per second of each slice of the level
+
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.results if r.kind == "ok" and r.ok)
 
     def summary(self) -> dict:
         done = [r for r in self.results if r.kind == "ok" and r.ok]
@@ -70,7 +77,16 @@ class Level:
             "completed": len(done), "problems": [r.problem for r in self.results if not r.ok],
             "tokens": tokens, "seconds": self.seconds, "tokens_per_second": tokens / self.seconds,
             "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99),
+            "slices": self.slices,
         }
+
+
+def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean and standard error of a[i] / b[i] over the slices two modes ran in turn."""
+    ratios = [x / y for x, y in zip(a, b)]
+    mean = sum(ratios) / len(ratios)
+    var = sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1)
+    return mean, (var / len(ratios)) ** 0.5
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -208,6 +224,10 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["auto", "fixed", "none"], choices=["auto", "fixed", "none"])
     ap.add_argument("--warmup", type=int, default=4,
                     help="requests (of max-tokens each) every server answers before the levels (0: one of 8 tokens)")
+    ap.add_argument("--slices", type=int, default=2,
+                    help="a level runs in up to this many slices of at least its concurrency in requests, the modes "
+                         "taking turns in an order reversed every slice; from 3 slices on, each pair of modes is also "
+                         "compared slice by slice (mean ratio and its standard error)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -244,21 +264,21 @@ def main() -> int:
             offset += n
             # Modes take turns on the same requests. A slow drift of the machine's speed (it moves a few
             # percent over minutes here) would favour whichever mode runs first, so a level that holds
-            # at least two rounds of its concurrency runs in two halves, A B C then C B A, and each
-            # mode's figures cover both; a level that does not alternates the order with the next level.
+            # at least two rounds of its concurrency runs in slices (default two: A B C then C B A), and
+            # each mode's figures cover all; a level that does not alternates the order with the next level.
             order = list(servers.items())
             if len(rows) // len(order) % 2:
                 order = order[::-1]
-            halves = [tasks[:n // 2], tasks[n // 2:]] if n >= 2 * c else [tasks]
+            count = max(1, min(args.slices, n // c))
+            parts = [tasks[i * n // count:(i + 1) * n // count] for i in range(count)]
             levels: dict[str, Level] = {}
-            for half, part in enumerate(halves):
-                for mode, (_, url) in (order if half == 0 else order[::-1]):
+            for i, part in enumerate(parts):
+                for mode, (_, url) in (order if i % 2 == 0 else order[::-1]):
                     level = asyncio.run(run_level(url, mode, c, part, args.max_tokens, want))
-                    if mode in levels:
-                        levels[mode].seconds += level.seconds
-                        levels[mode].results += level.results
-                    else:
-                        levels[mode] = level
+                    levels.setdefault(mode, Level(mode, c, 0.0))
+                    levels[mode].seconds += level.seconds
+                    levels[mode].results += level.results
+                    levels[mode].slices.append(level.tokens() / level.seconds)
             for mode, level in levels.items():
                 s = level.summary()
                 rows.append(s)
@@ -266,6 +286,11 @@ def main() -> int:
                       f"{s['tokens_per_second']:.1f} tok/s, TTFT p50 {s['ttft_p50']}", flush=True)
                 for p in s["problems"][:5]:
                     print(f"    problem: {p}", flush=True)
+            names = list(levels)
+            for i, a in enumerate(names):
+                for b in names[i + 1:] if count >= 3 else ():
+                    mean, se = paired_ratio(levels[a].slices, levels[b].slices)
+                    print(f"c={c:<3} {a}/{b} {mean:.3f} +- {se:.3f} (mean of {count} slices +- standard error)", flush=True)
             # every server must still be healthy after the mix of bad requests and disconnects
             for mode, (_, url) in servers.items():
                 assert httpx.get(url + "/health", timeout=5).status_code == 200, f"{mode} server unhealthy"

@@ -77,8 +77,10 @@ class DraftSpec:
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
     stop_below: float = _f(0.0, "method model, quantized, early_exit or eagle (chain mode): a row's drafts end after the "
-                                "first one the drafter gave a probability below this (0: always k drafts; under k auto, k is "
-                                "the longest chain); the drafter's own draws decide, so output stays exact", lo=0.0, hi=1.0)
+                                "first one the drafter gave a probability below this (0: always k drafts); under k auto any "
+                                "value above 0 turns early stops on at a threshold the policy sets from measured costs (a chain "
+                                "ends once the product of its drafts' probabilities is below what one more draft costs in "
+                                "tokens); the drafter's own draws decide, so output stays exact", lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)

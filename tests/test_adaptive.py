@@ -403,11 +403,13 @@ class FlippingK(AdaptiveK):
         self.order = itertools.cycle([3, 0, 1, 4, 2, 0, 4, 1, 1, 3, 0, 2])
         self.probes = itertools.cycle([False, True, False, True, False])
         self.arm_order = itertools.cycle(range(5))
+        self.thresholds = itertools.cycle([0.3, 0.6, 0.9, 0.1])  # chain-probability stops, where enabled
 
     def choose(self, rows, remaining=None, behind=None, finds=None):
         k = min(next(self.order), self.k_max)
         self.measuring = bool(k) and next(self.probes)
         self.arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too
+        self.stop_below = next(self.thresholds) if k and self.arm in self.stop_arms else 0.0
         self.chosen.append(k)
         return k
 
@@ -631,8 +633,8 @@ def _spy_on_stops(monkeypatch) -> list[tuple[int, list[int], float]]:
 
     seen, propose = [], ModelDrafter.propose
 
-    def spy(self, batch, k, params, warm=True, stop_below=0.0):
-        proposal = propose(self, batch, k, params, warm, stop_below)
+    def spy(self, batch, k, params, warm=True, stop_below=0.0, stop_chain=False):
+        proposal = propose(self, batch, k, params, warm, stop_below, stop_chain)
         seen.append((k, proposal.lengths.tolist(), proposal.stop_below))
         return proposal
 
@@ -641,15 +643,16 @@ def _spy_on_stops(monkeypatch) -> list[tuple[int, list[int], float]]:
 
 
 def test_auto_k_with_early_stops_equals_target_only(bundles, prompts, monkeypatch):
-    """k auto with draft.stop_below: k is the longest chain a round asks for, and a row's chain ends after a
-    draft the draft model gave < 0.3. Under a policy that changes k every round, greedy output stays the target's."""
+    """k auto with draft.stop_below: k is the longest chain a round asks for, and a row's chain ends once the
+    product of the probabilities the draft model gave its drafts falls below the policy's threshold. Under a
+    policy that changes k and the threshold every round, greedy output stays the target's."""
     monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
     model = specc.load(bundles["draft"])
     seen = _spy_on_stops(monkeypatch)
     chunk = prompts[:12]
     fast = model.generate(chunk, max_new_tokens=20, k="auto", stop_below=0.3)
     assert [c.token_ids for c in fast] == [c.token_ids for c in model.generate(chunk, max_new_tokens=20, speculative=False)]
-    lengths = [(k, d) for k, ds, stop in seen if stop == 0.3 for d in ds if d]
+    lengths = [(k, d) for k, ds, stop in seen if stop for d in ds if d]
     assert lengths and any(d < k for k, d in lengths) and any(d > 1 for k, d in lengths)
 
 
@@ -667,3 +670,44 @@ def test_a_stop_counts_as_a_rejection_and_narrows_the_priced_width():
         plain.observe(RoundRecord([0], 4, [2], [2], 0.0, 0.012, 0.012))
     assert plain.conditional()[3] == pytest.approx(plain.conditional()[2]) and plain.conditional()[3] > 0.85
     assert plain.drafted_width(1, 4) == 4.0
+
+
+def test_chain_stops_end_a_row_where_its_chains_probability_falls_below_the_threshold():
+    """Stops(chain=True): a row stops after the first draft at which the product of its drafts' probabilities
+    is below the threshold, 0.7 here (per draft: after the first draft below it). Row 0 drafts at 0.9 each
+    (chain 0.9, 0.81, 0.73, 0.66: stops at its fourth), row 1 at 0.6 (stops at its first either way)."""
+    import torch
+
+    from specc.runtime.drafters.base import Stops
+
+    def logits(p: float) -> torch.Tensor:  # token 0 drawn with probability p out of two tokens
+        return torch.log(torch.tensor([p, 1 - p]))
+
+    for chain, want in [(True, [4, 1]), (False, [5, 1])]:
+        stops = Stops(torch.ones(2, dtype=torch.long), 5, 0.7, chain=chain)
+        for i in range(5):
+            going = stops.update(i, torch.stack([logits(0.9), logits(0.6)]), torch.zeros(2, dtype=torch.long))
+        assert stops.n_draft.tolist() == want and going == (not chain)
+
+
+def test_stop_arms_end_chains_where_a_draft_stops_paying():
+    """An arm whose chains end early (stop_arms) gets a chain-probability threshold of its round's seconds per
+    drafted position times the tokens per second the round promises: rounds of 10 ms + 5 ms per position
+    whose first draft is accepted give 0.005 s x ~100 tokens/s = ~0.5. The lookup arm, which cannot stop,
+    gets none."""
+    policy = AdaptiveK(6, arms=("model", "lookup"), stop_arms=("model",))
+
+    def round_(arm: str, k: int, drafted: int, accepted: int, seconds: float, stop: float = 0.0) -> None:
+        policy.observe(RoundRecord([0], k, [drafted], [accepted], 0.0, seconds, seconds, arm=arm, stop_below=stop))
+
+    round_("model", 0, 0, 0, 0.010)
+    for width in (1, 2, 3) * 20:
+        round_("model", 6, width, 1, 0.010 + 0.005 * width, stop=0.5)
+    k = policy.choose([0], finds={"model": None, "lookup": [0]})
+    assert k > 0 and policy.arm == "model"
+    rate = policy.rates([0], "model")[k]
+    assert policy.stop_below == pytest.approx(0.005 * rate, rel=1e-6) and 0.3 < policy.stop_below < 0.8
+    for _ in range(40):
+        round_("lookup", 3, 3, 3, 0.008)
+    assert policy.choose([0], finds={"model": None, "lookup": [3]}) and policy.arm == "lookup"
+    assert policy.stop_below == 0.0

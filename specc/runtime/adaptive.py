@@ -36,11 +36,14 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   catch-up is charged to this round in the share of its remaining rounds this round makes
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
   rounds, costs what it really costs.
-- Early stops (recipe draft.stop_below): k is then the longest chain a round asks for; a drafter of
-  one token at a time ends a row's chain after a draft it gave less than the threshold. A chain that
-  stopped after d drafts, all accepted, counts as a rejection at position d + 1 (the round gained what
-  a rejection there would have: c_i stays the gain per position), and a round asking for k is priced
-  at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
+- Early stops (recipe draft.stop_below > 0; `stop_arms`: the arms that draft one token at a time): k is
+  then the longest chain a round asks for, and a row's chain ends once the product of the probabilities
+  the drafter gave its drafts (its estimate that the whole chain is accepted) is below `stop_threshold`:
+  the round's seconds per drafted position times the tokens per second it promises, what one more draft
+  costs in tokens (on the int4 Qwen pair at batch 1, ~40 ms a position at ~15 tokens/s: ~0.6). A chain
+  that stopped after d drafts, all accepted, counts as a rejection at position d + 1 (the round gained
+  what a rejection there would have: c_i stays the gain per position), and a round asking for k is
+  priced at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
 
 Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model ("model", every row, whatever lookup finds), or with lookup alone,
@@ -63,7 +66,9 @@ round is a plain round (before stop 23 it counted as a lookup round, and on a fr
 the int4 Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off). A batch size
 never seen before first runs one plain round; every `probe_every`-th round runs the best k + 1, the best
 k - 1, 0 or another arm's best k instead (in turn; 0 only where no plain round was measured in the last
-`probe_every` rounds: prompt lookup that finds nothing makes plain rounds anyway), and while k = 0 wins,
+`probe_every` rounds, prompt lookup that finds nothing makes plain rounds anyway, and where the best k
+promises less than PLAIN_PROBE_WITHIN times plain decoding: a price that far off cannot turn the
+choice), and while k = 0 wins,
 an arm that has not drafted at this batch size for `probe_idle` rounds drafts once with its best k >= 1
 (a plain round measures no acceptance), the arm's gap doubling after each such probe (up to
 `probe_idle_max`) and falling back when the arm wins again, so acceptance and costs that change are
@@ -108,6 +113,8 @@ class RoundRecord:
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
 PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
+PLAIN_PROBE_WITHIN = 1.25  # plain decoding is probed while drafting wins only where it promises less than this over it
+MAX_STOP = 0.95  # a chain-probability threshold above this would end nearly every chain at its first draft
 
 
 class _Line:
@@ -161,12 +168,13 @@ class AdaptiveK:
     def __init__(self, k_max: int, window: int = 16, probe_every: int = 16, probe_idle: int = 4,
                  probe_idle_max: int = 64, decay: float = 0.95, ema: float = 0.3,
                  prior_alpha: float = 0.5, prior_weight: float = 4.0, prior_slope: float = 0.25,
-                 min_gain: float | dict[str, float] = 1.0, arms: tuple[str, ...] = ("draft",)):
+                 min_gain: float | dict[str, float] = 1.0, arms: tuple[str, ...] = ("draft",),
+                 stop_arms: tuple[str, ...] = ()):
         if not isinstance(k_max, int) or not 1 <= k_max <= MAX_K:
             raise ValueError(f"k_max must be in [1, {MAX_K}], got {k_max!r}")
         self.k_max, self.window, self.decay, self.ema = k_max, window, decay, ema
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
-        self.arms = tuple(arms)
+        self.arms, self.stop_arms = tuple(arms), tuple(stop_arms)
         self.min_gain = min_gain if isinstance(min_gain, dict) else {a: min_gain for a in self.arms}
         self.idle_gap: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds before its next idle probe (default probe_idle)
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
@@ -180,6 +188,7 @@ class AdaptiveK:
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
         self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
         self.arm = self.arms[0]  # the arm of the latest choice
+        self.stop_below = 0.0  # the latest choice's chain-probability threshold (an arm in stop_arms; 0: none)
         self.chosen: deque[int] = deque(maxlen=4096)  # k of the latest rounds (tests)
 
     def forget_rows(self) -> None:
@@ -198,7 +207,7 @@ class AdaptiveK:
         arm, whether it will find drafts for each row this round and of which class (`Drafter.finds`), where
         it knows."""
         self.round_no += 1
-        self.measuring = False
+        self.measuring, self.stop_below = False, 0.0
         best, arm = 0, self.arms[0]
         b = len(rows)
         # arms that would draft something this round (prompt lookup knows when it finds nothing: such a round
@@ -226,15 +235,19 @@ class AdaptiveK:
             elif best:
                 self.idle_gap[b, arm] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
-                    # (k = 0 only where no plain round was measured lately: prompt lookup that finds nothing makes them)
+                    # (k = 0 only where no plain round was measured lately, prompt lookup that finds nothing makes
+                    # them, and where plain decoding is near the best: a price far off cannot turn the choice)
                     fresh = self.round_no - self.plain_round.get(b, -self.probe_every) < self.probe_every
-                    options = [(arm, min(best + 1, self.k_max)), (arm, best - 1)] + [(arm, 0)] * (not fresh)
+                    close = rates[arm][best] < PLAIN_PROBE_WITHIN * plain
+                    options = [(arm, min(best + 1, self.k_max)), (arm, best - 1)] + [(arm, 0)] * (close and not fresh)
                     options += [(a, best_k[a]) for a in able if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
                     self.measuring, arm = probe_arm != arm, probe_arm
             for a in self.arms:
                 self.idle[b, a] = 0 if best and a == arm else self.idle.get((b, a), 0) + 1
+            if best and arm in self.stop_arms:
+                self.stop_below = self.stop_threshold(b, arm, rates[arm][best])
         # else: no arm drafts anything this round, or a batch size never seen: measure plain decoding first,
         # the price of k = 0
         self.arm = arm
@@ -272,6 +285,15 @@ class AdaptiveK:
             width = self.drafted_width(len(rows), k, arm) * (1 - miss)
             out[k] = sum(per_row) / (self.round_seconds(len(rows), width, arm) + catch_up)
         return out
+
+    def stop_threshold(self, b: int, arm: str, rate: float) -> float:
+        """Where an arm of `stop_arms` ends a row's chain: once the chance that the whole chain is accepted
+        (the product of its drafts' probabilities, `Stops(chain=True)`) is below what one more draft costs
+        in tokens, i.e. the round's seconds per drafted position (draft step and verify column) times the
+        tokens per second the round promises. A draft that is accepted with that chance gains tokens at the
+        rate the round makes them, so drafting on pays exactly while the chance is above it."""
+        per_position = self.round_seconds(b, 2.0, arm) - self.round_seconds(b, 1.0, arm)
+        return min(max(per_position * rate, 0.0), MAX_STOP)
 
     def drafted_width(self, b: int, k: int, arm: str | None = None) -> float:
         """Drafts a round that asks for k verifies at batch size b: k, less where chains stop early (the

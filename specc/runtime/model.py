@@ -115,8 +115,8 @@ class SpecModel:
         speculation of that length, tree for that token tree (bundles compiled for trees);
         neither: the recipe's speculation. k="auto" chooses k in [0, k_max] every round from the
         measured acceptance and costs (runtime/adaptive.py). stop_below: end a row's chain after a draft
-        the drafter gave a probability below this (default: the recipe's draft.stop_below; fixed k
-        only). run_stats: a RunStats this call fills
+        the drafter gave a probability below this (default: the recipe's draft.stop_below; under k auto
+        any value above 0 turns on stops at the policy's own threshold). run_stats: a RunStats this call fills
         (its own figures, safe under concurrent calls); `last_stats` is whichever call started last.
         """
         params = self.sampling_params(temperature, top_k, top_p)

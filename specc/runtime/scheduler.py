@@ -53,7 +53,8 @@ class Scheduler:
         """k: chain length, or "auto" (runtime/adaptive.py picks 0..k_max each round); max_batch: at most
         this many rows (default and upper bound: the bundle's limits.max_batch); stop_below: a row's chain
         ends after a draft the drafter gave a probability below this (default: the recipe's draft.stop_below;
-        under k auto, k is the longest chain a round asks for and the policy learns where chains stop)."""
+        under k auto, above 0 it turns on early stops at the policy's threshold: a row's chain ends once the
+        product of its drafts' probabilities is below what one more draft costs, `AdaptiveK.stop_threshold`)."""
         self.model, self.target, self.drafter = model, model.target, model.drafter
         self.max_batch = model.max_batch if max_batch is None else max_batch
         if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
@@ -80,9 +81,12 @@ class Scheduler:
                 arms = self.drafter.arms
                 margins = {name: MIN_GAIN_LAZY_PREFILL if d.lazy_prefill else 1.0 for name, d in arms.items()}
                 # one policy per model and settings: a call starts from what earlier calls learned
-                key = (AdaptiveK, auto_k_max(model.k), tuple(margins.items()), self.stop_below)
+                # with early stops, chains end where the policy prices one more draft above what it gains
+                stop_arms = tuple(name for name, d in arms.items() if d.stops) if self.stop_below else ()
+                key = (AdaptiveK, auto_k_max(model.k), tuple(margins.items()), stop_arms)
                 if key not in model.policies:
-                    model.policies[key] = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms))
+                    model.policies[key] = AdaptiveK(auto_k_max(model.k), min_gain=margins, arms=tuple(arms),
+                                                    stop_arms=stop_arms)
                 self.policy = model.policies[key]
                 self.policy.forget_rows()
             k = self.policy.k_max if self.policy else None
@@ -138,7 +142,8 @@ class Scheduler:
                 # but a lone row: skipping it, the probe would measure nothing (and the arm never be learned)
                 warm = not (self.policy and self.policy.measuring) or len(self.batch.seqs) == 1
                 arm = self.policy.arm if self.policy else None  # fixed k: the drafter itself
-                new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm)
+                stop = (self.policy.stop_below, True) if self.policy else (self.stop_below, False)
+                new_tokens, counts, proposal = self._speculative_round(self.batch, k, warm, arm, *stop)
                 skipped, entered, stopped_below = proposal.skipped, proposal.catch_up_tokens, proposal.stop_below
                 classes = proposal.classes or []
             else:
@@ -200,17 +205,18 @@ class Scheduler:
             self.drafter.after_verify(batch, verdict)
         return [[t] for t in verdict.next_token.tolist()]
 
-    def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None
+    def _speculative_round(self, batch: Batch, k: int, warm: bool = True, arm: str | None = None,
+                           stop_below: float = 0.0, stop_chain: bool = False
                            ) -> tuple[list[list[int]], tuple[list[int], list[int]], Proposal]:
-        """Draft k (with the drafter's arm `arm`, default itself), verify k+1 in one target pass, accept
-        a prefix, commit its KV.
+        """Draft k (with the drafter's arm `arm`, default itself; chains may end early, `Stops`), verify
+        k+1 in one target pass, accept a prefix, commit its KV.
 
         Returns each row's new tokens, the (drafted, accepted) counts of every row and the proposal
         (its rows skipped as not warm, its catch-up)."""
         cache = batch.cache
         drafter = self.drafter.arms[arm] if arm else self.drafter
         with self._timed("draft_seconds"):
-            proposal = drafter.propose(batch, k, batch.params, warm, self.stop_below)  # may propose fewer than k
+            proposal = drafter.propose(batch, k, batch.params, warm, stop_below, stop_chain)  # may propose fewer than k
         self.stats.draft_seconds -= proposal.catch_up_seconds  # a draft model's lazy prefill
         self.stats.prefill_seconds += proposal.catch_up_seconds
         with self._timed("target_seconds"):

@@ -67,6 +67,7 @@ class Drafter:
     supports_tree = False
     lookup_first = False  # prompt lookup in front of a draft model (recipe draft.lookup)
     lazy_prefill = False  # takes a row's context in when it first drafts for it (a draft model's cache)
+    stops = False  # drafts one token at a time and can end a row's chain early (`propose(stop_below=...)`)
 
     @classmethod
     def build(cls, ctx: DraftContext) -> "Drafter":
@@ -98,12 +99,14 @@ class Drafter:
         it drafts for every row and cannot tell them apart."""
         return None
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         """Up to k draft tokens per row, drawn with each row's own noise. warm=False: a drafter that
         takes in a row's context lazily (a draft model's prefill) may skip rows it has not taken in yet,
         for a round that only probes whether drafting pays. stop_below: a drafter of one token at a time
-        (a draft model, an EAGLE head) ends a row's drafts after the first one it gave a probability below
-        this (`Stops`); the others ignore it."""
+        (`stops`: a draft model, an EAGLE head) ends a row's drafts after the first one it gave a probability
+        below this, or with stop_chain, after the first at which the row's whole chain (the product of its
+        drafts' probabilities) falls below it (`Stops`); the others ignore both."""
         raise NotImplementedError
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
@@ -133,21 +136,26 @@ class GraphDrafter(Drafter):
 
 
 class Stops:
-    """Early stops of a chain (recipe draft.stop_below): which rows still draft, and how many drafts each has.
+    """Early stops of a chain (recipe draft.stop_below, or k auto's cost rule): which rows still draft, and
+    how many drafts each has.
 
-    A row stops after the first draft whose probability under the drafter's softmax is below the threshold.
-    The stop depends only on the drafter's own logits and draws, never on the target, so every round is
-    still an ordinary speculative round over a chain of that row's length: acceptance stays exact."""
+    A row stops after the first draft whose probability under the drafter's softmax is below the threshold
+    (chain=True: after the first at which the product of its drafts' probabilities, the drafter's estimate
+    that the whole chain is accepted, is below it). The stop depends only on the drafter's own logits and
+    draws, never on the target, so every round is still an ordinary speculative round over a chain of that
+    row's length: acceptance stays exact."""
 
-    def __init__(self, drafting: torch.Tensor, k: int, below: float):
-        self.below, self.going, self.n_draft = below, drafting.bool(), k * drafting
+    def __init__(self, drafting: torch.Tensor, k: int, below: float, chain: bool = False):
+        self.below, self.chain, self.going, self.n_draft = below, chain, drafting.bool(), k * drafting
+        self.sure = torch.ones(drafting.shape, device=drafting.device)  # the chain's probability so far
 
     def update(self, i: int, logits: torch.Tensor, tokens: torch.Tensor) -> bool:
         """After draft i (0-based) of every row, drawn from logits [B, V]; False once no row drafts on."""
         if not self.below:
             return True
         sure = torch.softmax(logits.float(), -1).gather(1, tokens[:, None])[:, 0]
-        unsure = self.going & (sure < self.below)
+        self.sure = self.sure * sure if self.chain else sure
+        unsure = self.going & (self.sure < self.below)
         self.n_draft = torch.where(unsure, i + 1, self.n_draft)
         self.going &= ~unsure
         return bool(self.going.any())

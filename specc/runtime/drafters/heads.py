@@ -59,7 +59,8 @@ class MedusaDrafter(GraphDrafter):
         feats = verdict.extra["features"]
         batch.draft_cache.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         logits = self.heads(batch)
         k = min(k, logits.shape[1])
         noise = batch.noise(k)
@@ -110,6 +111,7 @@ class EagleDrafter(GraphDrafter):
 
     kind = "eagle"
     supports_tree = True
+    stops = True
 
     def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -140,12 +142,13 @@ class EagleDrafter(GraphDrafter):
         cache.todo = [t[:0] for t in cache.todo]
         return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         cache: EagleCache = batch.draft_cache
         logits, hidden = self._enter(batch, k)
         kept = cache.lengths.clone()
         noise = batch.noise(k)
-        tokens, probs, stops = [], [], Stops(torch.ones_like(kept), k, stop_below)
+        tokens, probs, stops = [], [], Stops(torch.ones_like(kept), k, stop_below, stop_chain)
         first = torch.zeros_like(kept)[:, None]
         for i in range(k):
             tok, q = choose(logits[:, 0], params, noise[:, i])

@@ -55,7 +55,8 @@ class PromptLookupDrafter(Drafter):
     def finds(self, batch: Batch) -> list[int]:
         return [self.match(s.tokens, 1)[0] for s in batch.seqs]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         return self.drafts([self.match(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device)
 
     def drafts(self, matches: list[tuple[int, list[int]]], params: RowParams, device: torch.device) -> Proposal:
@@ -92,7 +93,7 @@ class LookupFirstDrafter(Drafter):
 
     def __init__(self, lookup: PromptLookupDrafter, model: GraphDrafter):
         self.lookup, self.model = lookup, model
-        self.kind, self.lazy_prefill = model.kind, model.lazy_prefill
+        self.kind, self.lazy_prefill, self.stops = model.kind, model.lazy_prefill, model.stops
         lookup.source = LOOKUP  # its rounds, as an arm too, count as lookup rounds in the statistics
 
     @property
@@ -117,11 +118,12 @@ class LookupFirstDrafter(Drafter):
             return [0] * len(batch.seqs)
         return self.model.behind(batch)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         found = [self.lookup.match(s.tokens, k) for s in batch.seqs]
         if all(n for n, _ in found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device)
-        return self.model.propose(batch, k, params, warm, stop_below)
+        return self.model.propose(batch, k, params, warm, stop_below, stop_chain)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)

@@ -30,6 +30,7 @@ class ModelDrafter(GraphDrafter):
     kind = "model"
     supports_tree = True
     lazy_prefill = True
+    stops = True
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
         batch.draft_cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -71,7 +72,8 @@ class ModelDrafter(GraphDrafter):
         if batch.draft_cache is not None:
             batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0) -> Proposal:
+    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
+                stop_chain: bool = False) -> Proposal:
         start = time.perf_counter()
         cold, entered = self.catch_up(batch, warm)
         caught_up = time.perf_counter() - start
@@ -90,7 +92,7 @@ class ModelDrafter(GraphDrafter):
         drafting[cold] = 0
         cache.ensure(max(lengths) + feed.shape[1] + k)
         noise = batch.noise(k)
-        tokens, probs, stops = [], [], Stops(drafting, k, stop_below)
+        tokens, probs, stops = [], [], Stops(drafting, k, stop_below, stop_chain)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         for i in range(k):
             cache.commit(new_k, new_v, n_feed * drafting)  # a stopped row's later entries lie past what it keeps

@@ -711,3 +711,19 @@ def test_stop_arms_end_chains_where_a_draft_stops_paying():
         round_("lookup", 3, 3, 3, 0.008)
     assert policy.choose([0], finds={"model": None, "lookup": [3]}) and policy.arm == "lookup"
     assert policy.stop_below == 0.0
+
+
+@pytest.mark.parametrize(("accept_all", "probes_plain"), [(True, False), (False, True)])
+def test_plain_decoding_is_probed_only_where_it_is_near_the_best(accept_all, probes_plain):
+    """Batch 1, rounds of 10 ms + 3 ms per draft, plain rounds 10 ms. Drafts all accepted: k = 4 makes
+    ~2.3x plain decoding's tokens per second, and the periodic probes never run k = 0 (a price that far off
+    cannot turn the choice); the first draft accepted every other round: k = 1 makes ~1.15x, and they do."""
+    policy = AdaptiveK(4)
+    policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.010, 0.010))
+    plain = 0
+    for i in range(96):
+        k = policy.choose([0])
+        accepted = k if accept_all else min(k, i % 2)
+        policy.observe(RoundRecord([0], k, [k], [accepted], 0.003 * k, 0.010, 0.010 + 0.003 * k))
+        plain += i > 8 and k == 0
+    assert (plain > 0) == probes_plain

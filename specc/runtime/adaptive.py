@@ -113,7 +113,7 @@ class RoundRecord:
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
 PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
-PLAIN_PROBE_WITHIN = 1.25  # plain decoding is probed while drafting wins only where it promises less than this over it
+PLAIN_PROBE_WITHIN = 1.25  # while drafting wins, k = 0 is probed only where the best k promises less than this times it
 MAX_STOP = 0.95  # a chain-probability threshold above this would end nearly every chain at its first draft
 
 

@@ -71,7 +71,7 @@ class Level:
         done = [r for r in self.results if r.kind == "ok" and r.ok]
         ttft = sorted(r.ttft for r in done if r.ttft is not None)
         itl = sorted(r.itl for r in done if r.itl is not None)
-        tokens = sum(r.tokens for r in done)
+        tokens = self.tokens()
         return {
             "mode": self.mode, "concurrency": self.concurrency, "requests": len(self.results),
             "completed": len(done), "problems": [r.problem for r in self.results if not r.ok],

@@ -1,4 +1,5 @@
-"""target.quantize: block-wise int4/int8 MatMulNBits targets; speculation stays lossless relative to them."""
+"""target.quantize: block-wise int4/int8 MatMulNBits targets and the int8-gemm integer-GEMM target; speculation stays
+lossless relative to them."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 import specc
 from specc.compiler import compile_recipe
 from lossless_checks import token_prompts
+from specc.backends.integer_gemm import quantize_channels, quantize_linear_layers_int8_gemm
 from specc.backends.matmul_nbits import QuantConfig, quantize_linear_layers, quantize_rtn
 from specc.errors import RecipeError
 from specc.recipe import parse_recipe
@@ -69,6 +71,30 @@ def test_offsets_and_kept_layers():
     assert quantize_linear_layers(kept, QuantConfig(4, keep_float=("lm_head",)))["layers"] == {"float32": 1}
 
 
+def test_int8_gemm_multiplies_by_the_channel_quantised_weight():
+    """int8-gemm: y = x @ the per-channel int8 weightᵀ, with activations in two int8 parts per row (~15 bits, so a
+    100x outlier channel costs the others little), each row the same bits whatever the pass holds."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(40, 96)).astype(np.float32)
+    q, scale = quantize_channels(w)
+    deq = q.astype(np.float32) * scale[:, None]
+    assert np.abs(deq - w).max(1).max() <= (np.abs(w).max(1) / 127 / 2 * 1.0001).max()
+    model = one_linear_graph(w)
+    shared_input = one_linear_graph(w)
+    summary = quantize_linear_layers_int8_gemm(model, QuantConfig(8, kind="int8-gemm"))
+    assert summary["layers"] == {"int8 per channel": 1} and summary["weight_bytes"] == 40 * 96 + 40 * 4
+    assert summary["rows_independent_of_pass_size"] is True
+    assert "MatMulInteger" in [n.op_type for n in model.graph.node] and "W" not in [i.name for i in model.graph.initializer]
+    x = rng.normal(size=(2, 7, 96)).astype(np.float32)
+    x[..., 5] *= 100
+    y, ref = run_graph(model, x), x @ deq.T
+    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()
+    one_at_a_time = np.concatenate([run_graph(model, x[:, i:i + 1]) for i in range(7)], axis=1)
+    assert np.array_equal(y, one_at_a_time)  # rows do not depend on the pass size
+    kept = quantize_linear_layers_int8_gemm(shared_input, QuantConfig(8, kind="int8-gemm", keep_float=("layers.*",)))
+    assert kept["layers"] == {"float32": 1}
+
+
 def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(16, 32)).astype(np.float32)
@@ -93,7 +119,14 @@ def test_recipe_fields_and_errors():
     trt = parse_recipe({"target": {"model": "m", "quantize": "fp8"}, "draft": {"method": "none"}, "backend": "tensorrt",
                         "device": "cuda"})
     assert trt.target.quantize == "fp8"
-    with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4, fp8"):
+    assert parse_recipe({"target": {"model": "m", "quantize": "int8-gemm", "keep_float": ["lm_head"]},
+                         "draft": {"method": "none"}}).target.quantize == "int8-gemm"
+    with pytest.raises(RecipeError, match="target.block_size.*does not apply to int8-gemm"):
+        parse_recipe({"target": {"model": "m", "quantize": "int8-gemm", "block_size": 64}, "draft": {"method": "none"}})
+    with pytest.raises(RecipeError, match="target.quantize.*int8-gemm.*backend onnxruntime only"):
+        parse_recipe({"target": {"model": "m", "quantize": "int8-gemm"}, "draft": {"method": "none"}, "backend": "tensorrt",
+                      "device": "cuda"})
+    with pytest.raises(RecipeError, match="target.quantize.*allowed: int8, int4, int8-gemm, fp8"):
         parse_recipe({"target": {"model": "m", "quantize": "int3"}, "draft": {"method": "none"}})
     q6 = parse_recipe({"target": {"model": "m", "quantize": "int4", "gguf_requantize": ["Q6_K"]}, "draft": {"method": "none"}})
     assert q6.target.gguf_requantize == ["Q6_K"]
@@ -123,6 +156,8 @@ def quantized_bundles(models_dir, tmp_path_factory):
         "int4": build_quantized(root / "int4", t, draft, {"quantize": "int4"}),
         "int8": build_quantized(root / "int8", t, draft, {"quantize": "int8", "block_size": 16}),
         "int4_wrong": build_quantized(root / "int4_wrong", t, wrong, {"quantize": "int4", "keep_float": ["lm_head"]}),
+        "int8_gemm": build_quantized(root / "int8_gemm", t, draft, {"quantize": "int8-gemm"}),
+        "int8_gemm_wrong": build_quantized(root / "int8_gemm_wrong", t, wrong, {"quantize": "int8-gemm"}),
         "int4_lookup": build_quantized(root / "int4_lookup", t, {**draft, "lookup": True, "min_ngram": 2},
                                        {"quantize": "int4", "keep_float": ["layers.0.*"]}),
     }
@@ -138,6 +173,17 @@ def test_row_invariance_is_checked_and_recorded(quantized_bundles):
     assert q["rows_independent_of_pass_size"] is True
 
 
+def test_bundle_records_the_int8_gemm_target(quantized_bundles):
+    from specc.cli.format import format_manifest
+
+    model = specc.load(quantized_bundles["int8_gemm"])
+    q = model.bundle.graph("target").facts["weight_quant"]
+    assert q["kind"] == "int8-gemm" and q["layers"] == {"int8 per channel": 22} and q["rows_independent_of_pass_size"]
+    assert model.bundle.graph("target").quantize == "int8-gemm"
+    text = format_manifest(model.bundle.manifest, model.bundle.path, True)
+    assert "int8 per output channel, MatMulInteger" in text
+
+
 def test_bundle_records_the_quantisation(quantized_bundles):
     from specc.cli.format import format_manifest
 
@@ -150,7 +196,8 @@ def test_bundle_records_the_quantisation(quantized_bundles):
 
 
 @pytest.mark.parametrize("name,batch,k", [("int4", 1, 3), ("int4", 3, 5), ("int8", 2, 4), ("int4_wrong", 1, 3),
-                                          ("int4_lookup", 3, 4)])
+                                          ("int4_lookup", 3, 4), ("int8_gemm", 1, 3), ("int8_gemm", 3, 5),
+                                          ("int8_gemm_wrong", 2, 4)])
 def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, prompts, name, batch, k):
     """Greedy speculative output equals the same bundle's (quantised) target-only output on 60 prompts."""
     from specc.runtime.stats import RunStats
@@ -165,7 +212,7 @@ def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, promp
         bad += [lo + i for i, c in enumerate(fast) if c.token_ids != reference[lo + i]]
     assert bad == []
     rate = stats.to_dict()["acceptance_rate"]
-    assert rate < 0.1 if name == "int4_wrong" else 0 < rate < 1
+    assert rate < 0.1 if name.endswith("_wrong") else 0 < rate < 1
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +235,58 @@ def small_vocab_int4(tmp_path_factory):
                              {"quantize": "int4", "block_size": 16, "accuracy_level": 1},
                              limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
     return root / "dequantised", bundle
+
+
+@pytest.fixture(scope="module")
+def small_vocab_int8_gemm(tmp_path_factory):
+    """As small_vocab_int4 for int8-gemm: the HF model holds the per-channel int8 weights dequantised (the
+    activations' two int8 parts differ from float32 by ~1e-4 relative, far below what the sampling test sees)."""
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("smallvocab_int8_gemm")
+    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
+    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
+    hf = AutoModelForCausalLM.from_pretrained(target).eval()
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                q, scale = quantize_channels(module.weight.numpy())
+                module.weight.copy_(torch.from_numpy(q.astype(np.float32) * scale[:, None]))
+    hf.save_pretrained(root / "dequantised")
+    bundle = build_quantized(root / "bundle", target, {"method": "model", "model": str(draft)}, {"quantize": "int8-gemm"},
+                             limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
+    return root / "dequantised", bundle
+
+
+def test_int8_gemm_target_is_close_to_the_dequantised_model(small_vocab_int8_gemm):
+    from transformers import AutoModelForCausalLM
+
+    from specc.bench.quality import bundle_logits, hf_logits
+
+    dequantised, bundle = small_vocab_int8_gemm
+    hf = AutoModelForCausalLM.from_pretrained(dequantised).eval()
+    model = specc.load(bundle)
+    for ids in token_prompts(4):
+        ref = hf_logits(hf, ids)
+        assert np.abs(bundle_logits(model, ids) - ref).max() <= 2e-3 * max(1.0, np.abs(ref).max())
+
+
+def test_sampled_output_has_the_int8_gemm_targets_distribution(small_vocab_int8_gemm):
+    dequantised, bundle = small_vocab_int8_gemm
+    exact = exact_marginals(dequantised, PARAMS[1])
+    samples, stats = draw(bundle, PARAMS[1])
+    assert 0.05 < stats["acceptance_rate"] < 0.95
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+
+
+def test_broken_rule_on_the_int8_gemm_target_is_caught(small_vocab_int8_gemm, monkeypatch):
+    monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
+    dequantised, bundle = small_vocab_int8_gemm
+    exact = exact_marginals(dequantised, PARAMS[0])
+    samples, _ = draw(bundle, PARAMS[0])
+    assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P
+    assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
 
 
 def test_quantised_target_is_the_dequantised_model(small_vocab_int4):

@@ -97,7 +97,10 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                 f"operator table: {len(c['unsupported'])} unsupported"]
     if key == "weight_quant":
         q = g["weight_quant"]
-        return [f"  weights   int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}, "
+        kernel = (f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts"
+                  if q.get("kind") == "int8-gemm" else
+                  f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}")
+        return [f"  weights   {kernel}, "
                 f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
                 f"({q.get('attention_float64', 0)} nodes), rows independent of pass size: "
                 f"{q.get('rows_independent_of_pass_size', '-')}"

@@ -149,3 +149,24 @@ def test_a_different_output_is_counted_and_shown():
     results = {"reference": "ref", "compare": "hf", "systems": out, "skipped": []}
     table = summary_table(results)
     assert "OUTPUT DIFFERS on 1 prompt(s), first at token 1" in table
+
+
+def test_bandwidth_lines_use_each_bundles_own_target_bytes(monkeypatch):
+    """Two bundles with differently quantised targets in one run: each system's line reads its bundle's bytes."""
+    from types import SimpleNamespace
+
+    from specc.bench import bandwidth, llamacpp
+
+    def bundle(path, nbytes):
+        graph = SimpleNamespace(facts={"weight_quant": {"weight_bytes": nbytes}})
+        return SimpleNamespace(bundle=SimpleNamespace(path=path, graph=lambda role: graph))
+
+    monkeypatch.setattr(bandwidth, "copy_bandwidth", lambda threads=None: 20.0)
+    monkeypatch.setattr(llamacpp, "goal_lines", lambda results: [])
+    systems = {name: {"family": "specc", "settings": {"bundle": b}, "tokens_per_second": 10.0, "speculative": spec,
+                      "tokens_per_target_pass": 2.0 if spec else None}
+               for name, b, spec in [("a only", "/b/a", False), ("b only", "/b/b", False), ("b spec", "/b/b", True)]}
+    results = {"systems": systems}
+    llamacpp.annotate(results, [bundle("/b/a", 1_000_000_000), bundle("/b/b", 2_000_000_000)], {})
+    assert [systems[n]["weight_bytes_per_pass"] for n in ("a only", "b only", "b spec")] == [1e9, 2e9, 2e9]
+    assert systems["b spec"]["weight_gb_per_second"] == 2.0 * 5.0

@@ -277,12 +277,12 @@ def annotate(results: dict, models: list, opts: dict) -> None:
     results["llamacpp"] = opts.get("resolved", {})
     results["goal"] = goal_lines(results)
     gbps = copy_bandwidth(opts.get("threads"))
-    weights = {"specc": specc_weight_bytes(models[0].bundle)}
+    weights = {str(m.bundle.path): specc_weight_bytes(m.bundle) for m in models}  # per bundle: targets may differ
     if results["llamacpp"].get("target_gguf"):
         weights["llamacpp"] = gguf_weight_bytes(results["llamacpp"]["target_gguf"])
     lines = [f"memory bandwidth (copy benchmark, read + write): {gbps:.1f} GB/s"]
     for name, r in results["systems"].items():
-        per_pass = weights.get(r["family"])
+        per_pass = weights.get(r["settings"].get("bundle") if r["family"] == "specc" else r["family"])
         tokens_per_pass = r.get("tokens_per_target_pass") or (1.0 if not r["speculative"] else None)
         if per_pass is None or not r["tokens_per_second"] or tokens_per_pass is None:
             continue

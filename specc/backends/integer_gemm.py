@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .matmul_nbits import QuantConfig, linear_module
+from .matmul_nbits import QuantConfig, replace_linear_layers
 
 LO = 254.0  # the low part's resolution: one step of hi in LO steps (|lo| <= 127)
 
@@ -89,44 +89,27 @@ def _constants(model) -> dict:
 
 
 def quantize_linear_layers_int8_gemm(model, config: QuantConfig) -> dict:
-    """Replace every MatMul of a constant [K, N] weight with the int8 GEMM above (in place); returns a
-    summary for the manifest (layer counts, bytes of weights one pass reads, row independence)."""
+    """Replace every linear layer's MatMul with the int8 GEMM above (in place); returns a summary for the
+    manifest (layer counts, bytes of weights one pass reads, row independence)."""
     from onnx import numpy_helper
 
-    inits = {i.name: i for i in model.graph.initializer}
-    consumers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
     consts = _constants(model)
-    new_nodes, counts, shared = [], {}, {}
-    weight_bytes = 0
-    for node in model.graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        module = linear_module(node) if weight is not None else None
-        if weight is None or len(weight.dims) != 2 or module is None or config.keeps(module):
-            new_nodes.append(node)
-            if weight is not None and len(weight.dims) == 2:
-                counts["float32"] = counts.get("float32", 0) + 1
-                weight_bytes += int(np.prod(weight.dims)) * 4
-            continue
-        q, scale = quantize_channels(numpy_helper.to_array(weight).T)
+    shared: dict[str, str] = {}  # activation -> the prefix of its quantised rows (layers reading one input share them)
+
+    def replace(node, w: np.ndarray, module: str):
+        q, scale = quantize_channels(w)
         base = node.output[0]
         q_init = numpy_helper.from_array(np.ascontiguousarray(q.T), f"{base}.int8")
         s_init = numpy_helper.from_array(scale, f"{base}.channel_scales")
         model.graph.initializer.extend([q_init, s_init])
-        x = node.input[0]
+        x, nodes = node.input[0], []
         if x not in shared:
             shared[x] = f"int8_gemm.x{len(shared)}"
-            new_nodes.extend(_activation_nodes(x, shared[x], consts))
-        new_nodes.extend(_gemm_nodes(shared[x], node.name, base, q_init.name, s_init.name, consts))
-        counts["int8 per channel"] = counts.get("int8 per channel", 0) + 1
-        weight_bytes += q.size + scale.nbytes
-        consumers[node.input[1]] -= 1
-        if consumers[node.input[1]] == 0:
-            model.graph.initializer.remove(weight)
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
+            nodes += _activation_nodes(x, shared[x], consts)
+        nodes += _gemm_nodes(shared[x], node.name, base, q_init.name, s_init.name, consts)
+        return nodes, "int8 per channel", q.size + scale.nbytes
+
+    counts, weight_bytes = replace_linear_layers(model, config, replace)
     return {"layers": counts, "weight_bytes": weight_bytes, "kernel": "MatMulInteger (u8 activations x s8 weights)",
             "rows_independent_of_pass_size": rows_independent_of_pass_size()}
 

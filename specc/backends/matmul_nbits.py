@@ -114,17 +114,18 @@ def linear_module(node) -> str | None:
     return None
 
 
-def quantize_linear_layers(model, config: QuantConfig) -> dict:
-    """Replace every MatMul of a constant [K, N] weight with MatMulNBits (in place); returns a summary
-    for the manifest: layer counts by format and the bytes of weights one pass reads."""
-    from onnx import helper, numpy_helper
+def replace_linear_layers(model, config: QuantConfig, replace) -> tuple[dict, int]:
+    """Rewrite, in place, every MatMul of a constant [K, N] weight whose exporter scope names a linear module not
+    kept in float32: `replace(node, w [N, K], module)` returns (its nodes, a label, bytes a pass reads). Returns
+    (layer counts by label, float32 kept layers included; bytes of weights one pass reads)."""
+    from onnx import numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
     consumers: dict[str, int] = {}
     for node in model.graph.node:
         for name in node.input:
             consumers[name] = consumers.get(name, 0) + 1
-    new_nodes, counts, shared = [], {}, {}
+    new_nodes, counts = [], {}
     weight_bytes = 0
     for node in model.graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -135,32 +136,46 @@ def quantize_linear_layers(model, config: QuantConfig) -> dict:
                 counts["float32"] = counts.get("float32", 0) + 1
                 weight_bytes += int(np.prod(weight.dims)) * 4
             continue
-        w = numpy_helper.to_array(weight).T  # [N, K]
+        nodes, label, nbytes = replace(node, numpy_helper.to_array(weight).T, module)
+        new_nodes.extend(nodes)
+        counts[label] = counts.get(label, 0) + 1
+        weight_bytes += nbytes
+        consumers[node.input[1]] -= 1
+        if consumers[node.input[1]] == 0:
+            model.graph.initializer.remove(weight)
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    return counts, weight_bytes
+
+
+def quantize_linear_layers(model, config: QuantConfig) -> dict:
+    """Replace every linear layer's MatMul with MatMulNBits (in place); returns a summary for the manifest:
+    layer counts by format and the bytes of weights one pass reads."""
+    from onnx import helper, numpy_helper
+
+    shared: dict = {}
+
+    def replace(node, w: np.ndarray, module: str):
         bw = _exact_import(config.imported.get(module, ()), w)
         if bw is None:
             bw = quantize_rtn(w, config.bits, config.block_size, config.symmetric)
             if module in config.imported:
                 bw.source = "rtn (gguf values differ)"
         label = f"{bw.source} int{bw.bits} block {bw.block_size}" + (" +offsets" if bw.offsets is not None else "")
-        counts[label] = counts.get(label, 0) + 1
-        weight_bytes += bw.nbytes()
         base = node.output[0]
-        n_blocks = bw.q.shape[1]
         b = numpy_helper.from_array(_pack(bw.q, bw.bits), f"{base}.qweight")
         s = numpy_helper.from_array(bw.scales.reshape(-1), f"{base}.scales")
         zp = numpy_helper.from_array(_pack(bw.zero_points, bw.bits).reshape(-1), f"{base}.zero_points")
         model.graph.initializer.extend([b, s, zp])
         out = base if bw.offsets is None else f"{base}.nbits"
-        new_nodes.append(helper.make_node(
+        nodes = [helper.make_node(
             "MatMulNBits", [node.input[0], b.name, s.name, zp.name], [out], name=f"{node.name}.nbits", domain=MS_DOMAIN,
-            K=bw.k, N=bw.n, bits=bw.bits, block_size=bw.block_size, accuracy_level=config.accuracy_level))
+            K=bw.k, N=bw.n, bits=bw.bits, block_size=bw.block_size, accuracy_level=config.accuracy_level)]
         if bw.offsets is not None:
-            new_nodes.extend(_offset_nodes(node.input[0], out, base, bw, n_blocks, model, shared))
-        consumers[node.input[1]] -= 1
-        if consumers[node.input[1]] == 0:
-            model.graph.initializer.remove(weight)
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
+            nodes += _offset_nodes(node.input[0], out, base, bw, bw.q.shape[1], model, shared)
+        return nodes, label, bw.nbytes()
+
+    counts, weight_bytes = replace_linear_layers(model, config, replace)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     kernels = sorted(set(_nbits_shapes(model)))

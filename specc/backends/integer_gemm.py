@@ -13,7 +13,7 @@ in float32: y = (acc_hi + acc_lo / 254) · s · scale_w.
 Why: at accuracy level 4, ONNX Runtime's `MatMulNBits` pays for every extra row of a pass
 (a 4-token verify of the Qwen2.5-Coder-1.5B target 1.50x a 1-token pass on this CPU), while its
 integer GEMM on AVX-512 VNNI packs the weights once and reads them once per pass however many
-rows it holds (1.21x). Rows are independent of the pass size by construction: every step is a
+rows it holds (1.14x; docs/quantization.md). Rows are independent of the pass size by construction: every step is a
 per-row or element-wise operation and the GEMM accumulates exactly in int32, so a k+1-token
 verify gives each row the bits a 1-token decode gives it.
 """

@@ -164,8 +164,8 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
 
 def quantize_blocks(src: Path, dst: Path, config: QuantConfig) -> dict:
     """Target quantisation: every linear layer's MatMul → MatMulNBits (matmul_nbits.py), or for int8-gemm
-    → the integer GEMM (integer_gemm.py); attention in float64 (attention_fp64.py: the k+1-token verify then sees the numbers a 1-token
-    decode sees). Returns what the manifest records (settings, layer counts by format, weight bytes
+    → the integer GEMM (integer_gemm.py); attention in float64 (attention_fp64.py: the k+1-token verify
+    then sees the numbers a 1-token decode sees). Returns what the manifest records (settings, layer counts by format, weight bytes
     per pass, attention nodes rewritten)."""
     import onnx
 

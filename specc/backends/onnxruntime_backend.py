@@ -165,29 +165,16 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
 def quantize_blocks(src: Path, dst: Path, config: QuantConfig) -> dict:
     """Target quantisation: every linear layer's MatMul → MatMulNBits (matmul_nbits.py), or for int8-gemm
     → the integer GEMM (integer_gemm.py); attention in float64 (attention_fp64.py: the k+1-token verify
-    then sees the numbers a 1-token decode sees). Returns what the manifest records (settings, layer counts by format, weight bytes
-    per pass, attention nodes rewritten)."""
+    then sees the numbers a 1-token decode sees). Returns what the manifest records (settings, layer
+    counts by format, weight bytes per pass, attention nodes rewritten)."""
     import onnx
 
     model = onnx.load(str(src))
     fold_weight_transposes(model)
     summary = (quantize_linear_layers_int8_gemm if config.kind == "int8-gemm" else quantize_linear_layers)(model, config)
     summary["attention_float64"] = attention_in_float64(model)
-    if not summary["rows_independent_of_pass_size"] and config.kind == "int8-gemm":
-        logging.getLogger("specc").warning(
-            "the int8 GEMM computed a row differently in 1-token and multi-token passes on this CPU: greedy speculative "
-            "output can differ from target-only output where two tokens nearly tie")
-    elif not summary["rows_independent_of_pass_size"]:
-        logging.getLogger("specc").warning(
-            "MatMulNBits with block %d at accuracy level %d computes a row differently in 1-token and multi-token passes "
-            "on this CPU: greedy speculative output can differ from target-only output where two tokens nearly tie. "
-            "block_size 32 with accuracy_level 4 does not (measured with ONNX Runtime 1.32)", config.block_size,
-            config.accuracy_level)
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-    if config.kind == "int8-gemm":
-        return {"kind": config.kind, "bits": 8, "keep_float": list(config.keep_float), **summary}
-    return {"bits": config.bits, "block_size": config.block_size, "accuracy_level": config.accuracy_level,
-            "symmetric": config.symmetric, "keep_float": list(config.keep_float), **summary}
+    return {"keep_float": list(config.keep_float), **summary}
 
 
 class OrtRunner:

@@ -4,7 +4,8 @@
 
 BUNDLE must hold a float32 onnxruntime target graph (target/model.onnx). Each option re-quantises
 that graph in a temporary directory (backends/matmul_nbits.py, as `target.quantize` does) and times
-ONNX Runtime sessions set up like the onnxruntime backend's; options are timed interleaved, the
+ONNX Runtime sessions set up like the onnxruntime backend's (all the CPUs this process may use: restrict them
+with taskset); options are timed interleaved, the
 median of --repeats is reported. The top-1 agreement column compares each option's last-row
 argmax with float32's over the timed inputs (random cache, real token ids of a fixed text).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from specc.backends.matmul_nbits import QuantConfig
-from specc.backends.onnxruntime_backend import _cpu_threads, quantize_blocks
+from specc.backends.onnxruntime_backend import _cpu_threads, quantize_blocks, session_options
 
 OPTIONS = {
     "float32": None,
@@ -32,16 +33,11 @@ OPTIONS = {
 }
 
 
-def session(path: Path, threads: int):
+def session(path: Path):
+    """A session with the runtime's own options (one shared, spinning intra-op pool: backends/onnxruntime_backend.py)."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
 
 
 def feeds(entry: dict, tokens: int, cache: int, rng) -> dict:
@@ -60,7 +56,6 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 6, 9])
     ap.add_argument("--cache", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=_cpu_threads())
     ap.add_argument("--options", nargs="+", help=f"subset of: {', '.join(OPTIONS)}, gguf")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -76,7 +71,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, opt in options.items():
             if opt is None:
-                sessions[name], sizes[name] = session(src, args.threads), None
+                sessions[name], sizes[name] = session(src), None
                 continue
             opt = dict(opt)
             gguf = opt.pop("gguf", None)
@@ -88,7 +83,7 @@ def main() -> None:
             dst = Path(tmp) / name.replace(" ", "_") / "model.nbits.onnx"
             dst.parent.mkdir()
             summary = quantize_blocks(src, dst, config)
-            sessions[name], sizes[name] = session(dst, args.threads), summary
+            sessions[name], sizes[name] = session(dst), summary
         rng = np.random.default_rng(0)
         inputs = {t: feeds(entry, t, args.cache, rng) for t in args.tokens}
         times = {(n, t): [] for n in sessions for t in args.tokens}
@@ -119,7 +114,7 @@ def main() -> None:
         agree = f"{r['top1_agreement_with_float32']:.3f}" if r["top1_agreement_with_float32"] is not None else "-"
         print(f"| {r['option']} | {ms} | {mb} | {agree} |")
     if args.json:
-        args.json.write_text(json.dumps({"cache": args.cache, "threads": args.threads, "repeats": args.repeats,
+        args.json.write_text(json.dumps({"cache": args.cache, "threads": _cpu_threads(), "repeats": args.repeats,
                                          "rows": rows}, indent=2))
 
 

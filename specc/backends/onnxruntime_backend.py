@@ -27,6 +27,49 @@ def _cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def session_options():
+    """Options of every ONNX Runtime session specc opens: all optimisations, and every session of the
+    process on one shared intra-op pool whose threads spin between runs.
+
+    Draft and target sessions alternate many times per round. Each on a pool of its own, spinning
+    threads of one steal the cores from the other (1.8x slower end to end), so pools then wait
+    passively; but waking passive threads for every operator costs ~20% of a draft step. On one shared
+    pool the threads that spin are the ones the next run uses (Qwen2.5 0.5B int4 draft step 20.3 -> 16.7
+    ms, 1.5B int8-gemm verify of 5 tokens 95 -> 81 ms here; docs/benchmarks.md). SPECC_ORT_SHARED_POOL=0,
+    or a process whose ONNX Runtime environment was created before specc's first session, keeps the
+    per-session passive pools.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if _shared_pool():
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = _cpu_threads()
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+_SHARED_POOL: list[bool] = []  # decided once per process, before its first session
+
+
+def _shared_pool() -> bool:
+    if not _SHARED_POOL:
+        from onnxruntime.capi import _pybind_state
+
+        ok = os.environ.get("SPECC_ORT_SHARED_POOL", "1") != "0"
+        if ok:
+            try:
+                _pybind_state.set_global_thread_pool_sizes(_cpu_threads(), 1)
+            except (AttributeError, RuntimeError):  # an older ONNX Runtime, or its environment already exists
+                ok = False
+        _SHARED_POOL.append(ok)
+    return _SHARED_POOL[0]
+
+
 class OnnxRuntimeBackend:
     name = "onnxruntime"
     runs_bundle_code = None  # ONNX graphs are data; ONNX Runtime loads no custom-op libraries from a bundle
@@ -85,13 +128,7 @@ class OnnxRuntimeBackend:
 
         check_external_data(graph_dir / entry["entry"], entry["files"])
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = _cpu_threads()
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        # Draft and target sessions alternate: spinning pool threads of one would steal the cores of the other.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options()
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
         inputs = session.get_inputs()
         kv = next((i.shape for i in inputs if i.name == "k_cache"), [])

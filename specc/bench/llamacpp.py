@@ -36,11 +36,11 @@ LLAMACPP_DEFAULT_DRAFT = 16  # llama.cpp common_params.speculative.n_max (--draf
 def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_all: bool = False):
     """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches.
 
-    OpenMP threads wait passively (OMP_WAIT_POLICY=passive unless set), as specc's ONNX Runtime
-    sessions do (no spinning): on a loaded machine spinning threads made llama.cpp 40x slower here.
-    libgomp reads the variable once, when it is first loaded: if another library of the process
-    loaded it already, only setting OMP_WAIT_POLICY in the environment before starting specc works."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # read when llama.cpp's libgomp loads, at the import below
+    llama.cpp's OpenMP threads wait as its users get them: OMP_WAIT_POLICY as set when the process
+    started (libgomp reads it once, when torch loads it), by default spinning a while between
+    operators like specc's own ONNX Runtime pool. Passive waits (OMP_WAIT_POLICY=passive, which earlier
+    benchmark runs set) made llama.cpp 1.4x (target-only) to 1.6x (speculative) slower on the Qwen pair
+    here (docs/benchmarks.md)."""
     try:
         import llama_cpp.llama_cpp as lib
         from llama_cpp import Llama
@@ -192,7 +192,8 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
     or prompt lookup at each k when there is no draft GGUF."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python"}
+    common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python",
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     target_only = open_llama(target_gguf, threads, n_ctx)
     common["repacked_tensors"] = target_only.specc_repacked
     systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, target_only, eos_ids, settings=common)]

@@ -34,7 +34,7 @@ OPTIONS = {
 
 
 def session(path: Path):
-    """A session with the runtime's own options (one shared, spinning intra-op pool: backends/onnxruntime_backend.py)."""
+    """A session with the runtime's own options (pools that spin during runs only: backends/onnxruntime_backend.py)."""
     import onnxruntime as ort
 
     return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])

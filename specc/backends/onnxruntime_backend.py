@@ -28,46 +28,27 @@ def _cpu_threads() -> int:
 
 
 def session_options():
-    """Options of every ONNX Runtime session specc opens: all optimisations, and every session of the
-    process on one shared intra-op pool whose threads spin between runs.
+    """Options of every ONNX Runtime session specc opens: all optimisations, a pool of the process's CPUs
+    per session whose threads spin between operators during a run and stop spinning when it returns.
 
-    Draft and target sessions alternate many times per round. Each on a pool of its own, spinning
-    threads of one steal the cores from the other (1.8x slower end to end), so pools then wait
-    passively; but waking passive threads for every operator costs ~20% of a draft step. On one shared
-    pool the threads that spin are the ones the next run uses (Qwen2.5 0.5B int4 draft step 20.3 -> 16.7
-    ms, 1.5B int8-gemm verify of 5 tokens 95 -> 81 ms here; docs/benchmarks.md). SPECC_ORT_SHARED_POOL=0,
-    or a process whose ONNX Runtime environment was created before specc's first session, keeps the
-    per-session passive pools.
+    Draft and target sessions alternate many times per round. Pools that kept spinning after a run
+    stole the cores from the other session (1.8x slower end to end); passive pools pay a thread
+    wake-up for every operator (Qwen2.5 0.5B int4 draft step 19.8 ms against 17.3, 1.5B int8-gemm verify
+    of 5 tokens 92.6 against 79.9 ms, alternating as in a round here). `session.force_spinning_stop`
+    keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
+    with other busy processes).
     """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    if _shared_pool():
-        so.use_per_session_threads = False
-    else:
-        so.intra_op_num_threads = _cpu_threads()
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.intra_op_num_threads = _cpu_threads()
+    so.inter_op_num_threads = 1
+    spin = os.environ.get("SPECC_ORT_SPIN", "1") != "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     return so
-
-
-_SHARED_POOL: list[bool] = []  # decided once per process, before its first session
-
-
-def _shared_pool() -> bool:
-    if not _SHARED_POOL:
-        from onnxruntime.capi import _pybind_state
-
-        ok = os.environ.get("SPECC_ORT_SHARED_POOL", "1") != "0"
-        if ok:
-            try:
-                _pybind_state.set_global_thread_pool_sizes(_cpu_threads(), 1)
-            except (AttributeError, RuntimeError):  # an older ONNX Runtime, or its environment already exists
-                ok = False
-        _SHARED_POOL.append(ok)
-    return _SHARED_POOL[0]
 
 
 class OnnxRuntimeBackend:

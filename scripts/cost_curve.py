@@ -5,8 +5,9 @@
 BUNDLE must hold a float32 onnxruntime target graph (target/model.onnx). Each option re-quantises
 that graph in a temporary directory (backends/matmul_nbits.py, as `target.quantize` does) and times
 ONNX Runtime sessions set up like the onnxruntime backend's (all the CPUs this process may use:
-restrict them with taskset); options are timed interleaved, the median of --repeats is reported. The top-1 agreement column compares each option's last-row
-argmax with float32's over the timed inputs (random cache, real token ids of a fixed text).
+restrict them with taskset); options are timed interleaved, the median of --repeats is reported.
+The top-1 agreement column compares each option's last-row argmax with float32's over the timed
+inputs (random cache, real token ids of a fixed text).
 """
 from __future__ import annotations
 

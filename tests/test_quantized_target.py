@@ -95,6 +95,48 @@ def test_int8_gemm_multiplies_by_the_channel_quantised_weight():
     assert kept["layers"] == {"float32": 1}
 
 
+def _two_linears_graph(wa: np.ndarray, wb: np.ndarray, shared: bool):
+    """ya = x @ waᵀ (+ 1), yb = x @ wbᵀ, both MatMuls reading x itself (shared) or b reading a copy of x."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def linear(x, w, y, module):
+        node = helper.make_node("MatMul", [x, w], [y], name=f"mm.{y}")
+        node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
+        return node
+
+    nodes = [helper.make_node("Identity", ["x"], ["x2"]), linear("x", "Wa", "ya0", "layers.0.mlp.gate_proj"),
+             helper.make_node("Add", ["ya0", "one"], ["ya"]),
+             linear("x" if shared else "x2", "Wb", "yb", "layers.0.mlp.up_proj")]
+    k = wa.shape[1]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["b", "t", w.shape[0]])
+                               for y, w in (("ya", wa), ("yb", wb))],
+                              [numpy_helper.from_array(np.ascontiguousarray(wa.T), "Wa"),
+                               numpy_helper.from_array(np.ascontiguousarray(wb.T), "Wb"),
+                               numpy_helper.from_array(np.array(1, np.float32), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_int8_gemm_merges_linears_that_read_one_input_without_changing_a_bit():
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    wa, wb = rng.normal(size=(24, 64)).astype(np.float32), rng.normal(size=(40, 64)).astype(np.float32)
+    merged, apart = _two_linears_graph(wa, wb, shared=True), _two_linears_graph(wa, wb, shared=False)
+    summary = quantize_linear_layers_int8_gemm(merged, QuantConfig(8, kind="int8-gemm"))
+    assert summary["merged_layers"] == 1 and summary["layers"] == {"int8 per channel": 1}
+    assert quantize_linear_layers_int8_gemm(apart, QuantConfig(8, kind="int8-gemm"))["merged_layers"] == 0
+    assert [n.op_type for n in merged.graph.node].count("MatMulInteger") == 1
+    assert not {"Wa", "Wb"} & {i.name for i in merged.graph.initializer}
+    x = rng.normal(size=(2, 5, 64)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})  # noqa: E731
+    for y, y_apart in zip(run(merged), run(apart)):
+        assert np.array_equal(y, y_apart)
+    kept = _two_linears_graph(wa, wb, shared=True)
+    assert quantize_linear_layers_int8_gemm(kept, QuantConfig(8, kind="int8-gemm", keep_float=("*up_proj",)))[
+        "merged_layers"] == 0
+
+
 def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(16, 32)).astype(np.float32)
@@ -178,7 +220,8 @@ def test_bundle_records_the_int8_gemm_target(quantized_bundles):
 
     model = specc.load(quantized_bundles["int8_gemm"])
     q = model.bundle.graph("target").facts["weight_quant"]
-    assert q["kind"] == "int8-gemm" and q["layers"] == {"int8 per channel": 22} and q["rows_independent_of_pass_size"]
+    assert q["kind"] == "int8-gemm" and q["rows_independent_of_pass_size"]
+    assert q["layers"] == {"int8 per channel": 13} and q["merged_layers"] == 9  # 3 x (q+k+v, o, gate+up, down) + lm_head
     assert model.bundle.graph("target").quantize == "int8-gemm"
     text = format_manifest(model.bundle.manifest, model.bundle.path, True)
     assert "int8 per output channel, MatMulInteger" in text

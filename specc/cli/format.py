@@ -98,6 +98,7 @@ def _fact_lines(key: str, g: dict) -> list[str]:
     if key == "weight_quant":
         q = g["weight_quant"]
         kernel = (f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts"
+                  + (f", {q['merged_layers']} layers merged into one GEMM with another" if q.get("merged_layers") else "")
                   if q.get("kind") == "int8-gemm" else
                   f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}")
         return [f"  weights   {kernel}, "

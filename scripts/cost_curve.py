@@ -3,7 +3,8 @@
     python scripts/cost_curve.py BUNDLE [--gguf FILE] [--tokens 1 2 4 6 9] [--cache 100] [--repeats 5] [--json out.json]
 
 BUNDLE must hold a float32 onnxruntime target graph (target/model.onnx). Each option re-quantises
-that graph in a temporary directory (backends/matmul_nbits.py, as `target.quantize` does) and times
+that graph in a temporary directory (backends/matmul_nbits.py or integer_gemm.py, as `target.quantize`
+does) and times
 ONNX Runtime sessions set up like the onnxruntime backend's (all the CPUs this process may use:
 restrict them with taskset); options are timed interleaved, the median of --repeats is reported.
 The top-1 agreement column compares each option's last-row argmax with float32's over the timed
@@ -30,6 +31,7 @@ OPTIONS = {
     "int4 b32 acc1": dict(bits=4, block_size=32, accuracy_level=1),
     "int4 b32 acc4 lm_head fp32": dict(bits=4, block_size=32, accuracy_level=4, keep_float=("lm_head",)),
     "int8 b32 acc4": dict(bits=8, block_size=32, accuracy_level=4),
+    "int8-gemm": dict(bits=8, kind="int8-gemm"),
 }
 
 

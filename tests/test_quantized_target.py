@@ -224,7 +224,7 @@ def test_bundle_records_the_int8_gemm_target(quantized_bundles):
     assert q["layers"] == {"int8 per channel": 13} and q["merged_layers"] == 9  # 3 x (q+k+v, o, gate+up, down) + lm_head
     assert model.bundle.graph("target").quantize == "int8-gemm"
     text = format_manifest(model.bundle.manifest, model.bundle.path, True)
-    assert "int8 per output channel, MatMulInteger" in text
+    assert "int8 per output channel, MatMulInteger" in text and "9 layers merged into one GEMM with another" in text
 
 
 def test_bundle_records_the_quantisation(quantized_bundles):

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from ..bench.prompts import CHAT, STDLIB_MODULES, function_openings
 
 TRAIN_MODULES = ("argparse", "collections", "dataclasses", "datetime", "decimal", "email.message", "enum",
-                 "functools", "gettext", "glob", "gzip", "http.cookies", "inspect", "ipaddress", "locale", "logging",
+                 "functools", "gettext", "glob", "gzip", "http.cookies", "imaplib", "inspect", "locale", "logging",
                  "mailbox", "netrc", "operator", "optparse", "pprint", "queue", "random", "re", "sched", "selectors",
                  "shutil", "smtplib", "socketserver", "tarfile", "tempfile", "threading", "tokenize", "traceback",
                  "typing", "unittest.case", "urllib.parse", "uuid", "wave", "zipfile")
@@ -78,7 +78,7 @@ TEMPLATES = (
     "Give me three tips related to {}.", "Write an encouraging note to someone studying {}.",
     "Explain {} in exactly three sentences.",
 )
-PROMPTS_VERSION = 3  # part of the data cache key: bump when the prompt lists change
+PROMPTS_VERSION = 4  # part of the data cache key: bump when the prompt lists change (4: ipaddress, a benchmark module, out)
 # Standard-library folders never used as training code (GUI, tests, bundled third-party code).
 SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
              "dist-packages", "__pycache__", "pydoc_data", "venv"}

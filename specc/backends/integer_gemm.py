@@ -94,8 +94,8 @@ def merge_shared_input_linears(model, config: QuantConfig) -> int:
     side and a Split back into their outputs (in place); returns how many layers were merged into another.
 
     Every output channel keeps its own weights and, quantised per channel, its own scale, so every output has
-    the bits it had; a pass then runs one GEMM and one recombination where it ran two or three (each
-    operator on a few rows costs ONNX Runtime a dispatch: ~6 µs per node at 5 rows on this CPU)."""
+    the bits it had; a pass runs one GEMM and one recombination where it ran two or three (Qwen2.5 1.5B: 113
+    GEMMs instead of 197; a 5-token verify ~1% faster, a 60-token prefill 8%: docs/quantization.md)."""
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}

@@ -191,7 +191,7 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
     if method == "early_exit":  # the target traced again; passes cut it after draft.layer
         return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
     if method in ("medusa", "eagle"):  # a learned head over the target's features (passes/add_feature_outputs.py)
-        return PlannedGraph(capture_head("draft", _load_head(recipe, target)[0], ranges), base, "draft")
+        return PlannedGraph(capture_head("draft", _load_head(recipe, target)[0], ranges), quant, "draft")
     raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, early_exit, none")
 
 

@@ -69,7 +69,8 @@ class TargetSpec:
 class DraftSpec:
     method: str = _f("model", "how draft tokens are proposed", choices=DRAFT_METHODS)
     model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
-    quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend)", choices=("int8", "int4"))
+    quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend; a draft model or a "
+                                    "learned head)", choices=("int8", "int4"))
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1, hi=1 << 16)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     head: str | None = _f(None, "method: medusa or eagle — head directory from `specc train-head`, or a published Medusa / "
@@ -206,8 +207,8 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("draft.layer", "required when draft.method is 'early_exit'")
     if d.method != "model" and d.model:
         raise RecipeError("draft.model", f"only used with draft.method 'model', not {d.method!r}")
-    if d.quantize and d.method not in ("model", "quantized"):
-        raise RecipeError("draft.quantize", "only applies to draft.method 'model' or 'quantized'")
+    if d.quantize and d.method not in ("model", "quantized", "medusa", "eagle"):
+        raise RecipeError("draft.quantize", "only applies to draft.method 'model', 'quantized', 'medusa' or 'eagle'")
     if d.method == "quantized" and not d.quantize:
         raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
     if d.quantize and r.backend != "onnxruntime":

@@ -30,6 +30,9 @@ def head_bundles(tmp_path_factory):
     return target, {
         "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, backend="torch", speculation={"k": 3}),
         "eagle_chain": build_bundle(root / "ec", target, eagle, limits=limits, speculation={"k": 3}),
+        "eagle_int4": build_bundle(root / "e4", target, {**eagle, "quantize": "int4"}, limits=limits, speculation={"k": 3}),
+        "medusa_int8": build_bundle(root / "m8", target, {**medusa, "quantize": "int8"}, limits=limits,
+                                    speculation={"k": 3}),
         "eagle_lookup": build_bundle(root / "el", target, {**eagle, "lookup": True, "min_ngram": 1}, limits=limits,
                                      backend="torch", speculation={"k": 3}),
         "medusa_tree": build_bundle(root / "mt", target, medusa, limits=limits, backend="torch", speculation=STATIC),
@@ -37,9 +40,15 @@ def head_bundles(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree", "eagle_lookup"])
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree", "eagle_lookup", "eagle_int4",
+                                  "medusa_int8"])
 def test_greedy_equals_target_only(head_bundles, name):
     _, bundles = head_bundles
+    if name in ("eagle_int4", "medusa_int8"):  # draft.quantize: the head's own graph is quantised, the target is not
+        import specc
+
+        bundle = specc.load(bundles[name]).bundle
+        assert bundle.graph("draft").quantize == name[-4:] and bundle.graph("target").quantize is None
     stats = assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
     assert stats["rounds"] > 0
     if name == "eagle_lookup":  # prompt lookup drafts some rounds, the head the others

@@ -36,6 +36,8 @@ def test_minimal_recipe_gets_defaults():
     ({"target": {"model": "m"}, "draft": {"method": "model"}}, "draft.model", "required"),
     ({"target": {"model": "m"}, "draft": {"method": "early_exit"}}, "draft.layer", "required"),
     ({"target": {"model": "m"}, "draft": {"method": "quantized"}}, "draft.quantize", "int8, int4"),
+    ({"target": {"model": "m"}, "draft": {"method": "prompt_lookup", "quantize": "int4"}}, "draft.quantize",
+     "'model', 'quantized', 'medusa' or 'eagle'"),
     ({"target": {"model": "m"}, "draft": {"method": "quantized", "quantize": "int8"}, "backend": "torch"}, "draft.quantize", "onnxruntime"),
     ({**BASE, "backend": "tensorrt"}, "device", "cuda"),
     ({**BASE, "precision": "fp16"}, "precision", "GPU"),

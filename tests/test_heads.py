@@ -153,6 +153,41 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
 
 
+def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch):
+    """An interrupted answers phase keeps its finished batches; the next run answers only the rest and gives
+    what one uninterrupted run gives. A line cut short by the interruption is answered again."""
+    from transformers import AutoTokenizer
+
+    from specc.training.head_data import generate
+
+    path, model = target
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 4], [14, 15, 16]]
+    whole = generate(model, tok, prompts, 6, batch=2)
+    journal, calls, real = tmp_path / "answers.jsonl", [], model.generate
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and interrupt:
+            raise RuntimeError("interrupted")
+        return real(*args, **kwargs)
+
+    interrupt = True
+    monkeypatch.setattr(model, "generate", flaky)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        generate(model, tok, prompts, 6, batch=2, journal=journal)
+    assert len(journal.read_text().splitlines()) == 2  # the first batch
+    journal.write_text(journal.read_text() + '{"ids": [1, 2')  # and half a line of the second
+    calls.clear()
+    interrupt = False
+    assert generate(model, tok, prompts, 6, batch=2, journal=journal) == whole
+    assert len(calls) == 2 and len(journal.read_text().splitlines()) == 5  # batches 2 and 3 only
+    other = [[7, 7]] + prompts[1:]  # a journal of other prompts is not used
+    calls.clear()
+    generate(model, tok, other, 6, batch=2, journal=journal)
+    assert len(calls) == 3
+
+
 def test_eagle_training_unroll_drafts_as_the_runtime_does(target):
     """Training-time test: step s of the unrolled loss, at every round o at once, equals drafting
     step by step with the head's own cache (true entries 0..o, then the round's draft entries)."""

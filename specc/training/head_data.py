@@ -149,12 +149,38 @@ def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
     return list(ids)[-limit:]
 
 
+def _journal_rows(journal: Path | None, prompts: list[list[int]], batch: int) -> list[tuple[list[int], int]]:
+    """The answers an interrupted run wrote (whole batches, in order), as long as they answer these prompts."""
+    out: list[tuple[list[int], int]] = []
+    if journal is None or not journal.is_file():
+        return out
+    for line in journal.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            ids, n = [int(t) for t in row["ids"]], int(row["prompt_len"])
+        except (ValueError, KeyError, TypeError):
+            break  # a line cut short by the interruption: that batch is answered again
+        if len(out) >= len(prompts) or ids[:n] != prompts[len(out)]:
+            break
+        out.append((ids, n))
+    return out[:len(out) - len(out) % batch]
+
+
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int) -> list[tuple[list[int], int]]:
-    """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt."""
+def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int,
+             journal: Path | None = None) -> list[tuple[list[int], int]]:
+    """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt.
+
+    With a journal, every finished batch is appended to it and a later call with the same prompts starts
+    after the batches it holds (hours of answers from a 1.5B target survive an interrupted run; the
+    batches are the same, so the answers are those of an uninterrupted run)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    out = []
-    for lo in tqdm(range(0, len(prompts), batch), desc="target answers", unit="batch"):
+    out = _journal_rows(journal, prompts, batch)
+    if journal is not None:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        journal.write_text("".join(json.dumps({"ids": ids, "prompt_len": n}) + "\n" for ids, n in out))
+    for lo in tqdm(range(len(out), len(prompts), batch), desc="target answers", unit="batch",
+                   initial=len(out) // batch, total=-(-len(prompts) // batch)):
         group = prompts[lo:lo + batch]
         width = max(map(len, group))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
@@ -170,6 +196,9 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
                     break
                 answer.append(t)
             out.append((p + answer, len(p)))
+        if journal is not None:
+            with journal.open("a") as f:
+                f.writelines(json.dumps({"ids": ids, "prompt_len": n}) + "\n" for ids, n in out[lo:])
     return out
 
 
@@ -212,7 +241,7 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
         seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len)]
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
-        seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch)
+        seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"))
     data = teacher_pass(model, seqs, cfg.top_k, feature_layers)
     if cfg.source == "text":  # measurable where the text is what the target would have written
         argmax = data["top_idx"][..., 0].long()
@@ -221,4 +250,5 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     tmp = path.with_suffix(".partial")
     save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
     tmp.rename(path)
+    path.with_suffix(".answers.jsonl").unlink(missing_ok=True)
     return data, {"cache": str(path), "reused": False}

@@ -178,7 +178,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
     out = _journal_rows(journal, prompts, batch)
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-        journal.write_text("".join(json.dumps({"ids": ids, "prompt_len": n}) + "\n" for ids, n in out))
+        journal.write_text("".join(json.dumps({"ids": seq, "prompt_len": n}) + "\n" for seq, n in out))
     for lo in tqdm(range(len(out), len(prompts), batch), desc="target answers", unit="batch",
                    initial=len(out) // batch, total=-(-len(prompts) // batch)):
         group = prompts[lo:lo + batch]
@@ -198,7 +198,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
             out.append((p + answer, len(p)))
         if journal is not None:
             with journal.open("a") as f:
-                f.writelines(json.dumps({"ids": ids, "prompt_len": n}) + "\n" for ids, n in out[lo:])
+                f.writelines(json.dumps({"ids": seq, "prompt_len": n}) + "\n" for seq, n in out[lo:])
     return out
 
 

@@ -19,11 +19,12 @@ in int32, so a k+1-token verify gives each row the bits a 1-token decode gives i
 """
 from __future__ import annotations
 
+import itertools
 import logging
 
 import numpy as np
 
-from .matmul_nbits import QuantConfig, linear_module, replace_linear_layers, rows_match_one_row_passes
+from .matmul_nbits import QuantConfig, linear_module, linear_weight, replace_linear_layers, rows_match_one_row_passes
 
 LO = 254.0  # the low part's resolution: one step of hi in LO steps (|lo| <= 127)
 
@@ -101,8 +102,7 @@ def merge_shared_input_linears(model, config: QuantConfig) -> int:
     inits = {i.name: i for i in model.graph.initializer}
     groups: dict[str, list] = {}
     for node in model.graph.node:
-        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        module = linear_module(node) if w is not None and len(w.dims) == 2 else None
+        module = linear_module(node) if linear_weight(node, inits) is not None else None
         if module is not None and not config.keeps(module):
             groups.setdefault(node.input[0], []).append(node)
     merged_weights: set[str] = set()
@@ -139,9 +139,9 @@ def quantize_linear_layers_int8_gemm(model, config: QuantConfig) -> dict:
     manifest (layer counts, bytes of weights one pass reads, row independence)."""
     from onnx import numpy_helper
 
-    merged = merge_shared_input_linears(model, config)
+    merged = merge_shared_input_linears(model, config)  # from here on, one GEMM per activation
     consts = _constants(model)
-    shared: dict[str, str] = {}  # activation -> the prefix of its quantised rows (layers reading one input share them)
+    activations = itertools.count()
 
     def replace(node, w: np.ndarray, module: str):
         q, scale = quantize_channels(w)
@@ -149,11 +149,8 @@ def quantize_linear_layers_int8_gemm(model, config: QuantConfig) -> dict:
         q_init = numpy_helper.from_array(np.ascontiguousarray(q.T), f"{base}.int8")
         s_init = numpy_helper.from_array(scale, f"{base}.channel_scales")
         model.graph.initializer.extend([q_init, s_init])
-        x, nodes = node.input[0], []
-        if x not in shared:
-            shared[x] = f"int8_gemm.x{len(shared)}"
-            nodes += _activation_nodes(x, shared[x], consts)
-        nodes += _gemm_nodes(shared[x], node.name, base, q_init.name, s_init.name, consts)
+        p = f"int8_gemm.x{next(activations)}"
+        nodes = _activation_nodes(node.input[0], p, consts) + _gemm_nodes(p, node.name, base, q_init.name, s_init.name, consts)
         return nodes, "int8 per channel", q.size + scale.nbytes
 
     counts, weight_bytes = replace_linear_layers(model, config, replace)

@@ -115,6 +115,12 @@ def linear_module(node) -> str | None:
     return None
 
 
+def linear_weight(node, inits: dict):
+    """The constant 2-D weight [K, N] initializer a MatMul multiplies by, or None."""
+    weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+    return weight if weight is not None and len(weight.dims) == 2 else None
+
+
 def replace_linear_layers(model, config: QuantConfig, replace) -> tuple[dict, int]:
     """Rewrite, in place, every MatMul of a constant [K, N] weight whose exporter scope names a linear module not
     kept in float32: `replace(node, w [N, K], module)` returns (its nodes, a label, bytes a pass reads). Returns
@@ -129,11 +135,11 @@ def replace_linear_layers(model, config: QuantConfig, replace) -> tuple[dict, in
     new_nodes, counts = [], {}
     weight_bytes = 0
     for node in model.graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        weight = linear_weight(node, inits)
         module = linear_module(node) if weight is not None else None
-        if weight is None or len(weight.dims) != 2 or module is None or config.keeps(module):
+        if module is None or config.keeps(module):
             new_nodes.append(node)
-            if weight is not None and len(weight.dims) == 2:
+            if weight is not None:
                 counts["float32"] = counts.get("float32", 0) + 1
                 weight_bytes += int(np.prod(weight.dims)) * 4
             continue

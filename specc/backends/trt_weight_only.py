@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .matmul_nbits import linear_module, quantize_rtn
+from .matmul_nbits import linear_module, linear_weight, quantize_rtn
 
 KINDS = ("int4", "int8", "fp8")
 OPSET_BLOCKED_DQ = 21  # DequantizeLinear gains block_size (and INT4) in opset 21
@@ -73,8 +73,8 @@ def weight_only_dq(model, kind: str, block_size: int = 128, keep_float: tuple[st
     inits = {i.name: i for i in model.graph.initializer}
     new_nodes, layers, kept, weight_bytes = [], 0, [], 0
     for node in model.graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        module = linear_module(node) if weight is not None and len(weight.dims) == 2 else None
+        weight = linear_weight(node, inits)
+        module = linear_module(node) if weight is not None else None
         if module is None or any(fnmatch.fnmatchcase(module, p) for p in keep_float):
             if module is not None:
                 kept.append(module)

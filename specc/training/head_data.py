@@ -149,6 +149,10 @@ def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
     return list(ids)[-limit:]
 
 
+def _journal_line(seq: list[int], n_prompt: int) -> str:
+    return json.dumps({"ids": seq, "prompt_len": n_prompt}) + "\n"
+
+
 def _journal_rows(journal: Path | None, prompts: list[list[int]], batch: int) -> list[tuple[list[int], int]]:
     """The answers an interrupted run wrote (whole batches, in order), as long as they answer these prompts."""
     out: list[tuple[list[int], int]] = []
@@ -178,7 +182,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
     out = _journal_rows(journal, prompts, batch)
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-        journal.write_text("".join(json.dumps({"ids": seq, "prompt_len": n}) + "\n" for seq, n in out))
+        journal.write_text("".join(_journal_line(seq, n) for seq, n in out))
     for lo in tqdm(range(len(out), len(prompts), batch), desc="target answers", unit="batch",
                    initial=len(out) // batch, total=-(-len(prompts) // batch)):
         group = prompts[lo:lo + batch]
@@ -198,7 +202,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
             out.append((p + answer, len(p)))
         if journal is not None:
             with journal.open("a") as f:
-                f.writelines(json.dumps({"ids": seq, "prompt_len": n}) + "\n" for seq, n in out[lo:])
+                f.writelines(_journal_line(seq, n) for seq, n in out[lo:])
     return out
 
 

@@ -151,6 +151,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
     assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
+    assert not list((tmp_path / "cache" / "heads").glob("*.teacher-*"))  # its parts went with the whole
 
 
 def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch):
@@ -242,3 +243,40 @@ def test_training_text_leaves_out_the_benchmark_modules():
 
     assert not set(TRAIN_MODULES) & set(STDLIB_MODULES)
     assert not any(m.startswith(b + ".") or b.startswith(m + ".") for m in TRAIN_MODULES for b in STDLIB_MODULES)
+
+
+def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path, monkeypatch):
+    """An interrupted teacher pass keeps its finished parts; the next run computes only the rest and gives
+    what one uninterrupted run gives. A part cut short, or one over other sequences, is computed again."""
+    from specc.training.head_data import teacher_pass
+
+    _, model = target
+    seqs = [([5, 6, 7, 8], 1), ([8, 9], 1), ([10, 11, 12, 13, 14], 2), ([3, 4, 5], 0), ([14, 15, 16], 2)]
+    whole = teacher_pass(model, seqs, 4)
+    parts, calls, real = tmp_path / "data.safetensors", [], model.model
+
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3 and interrupt:
+                raise RuntimeError("interrupted")
+            return real(*args, **kwargs)
+
+    interrupt = True
+    monkeypatch.setattr(model, "model", Flaky())
+    with pytest.raises(RuntimeError, match="interrupted"):
+        teacher_pass(model, seqs, 4, parts=parts, chunk=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["data.teacher-00000.safetensors"]  # the first part
+    interrupt = False
+    calls.clear()
+    again = teacher_pass(model, seqs, 4, parts=parts, chunk=2)
+    assert len(calls) == 3 and set(again) == set(whole)
+    assert all(torch.equal(again[k], whole[k]) for k in whole)
+    (tmp_path / "data.teacher-00002.safetensors").write_bytes(b"cut short")
+    other = [([7, 7, 7], 1)] + seqs[1:]  # the first part was over other sequences
+    calls.clear()
+    teacher_pass(model, other, 4, parts=parts, chunk=2)
+    assert len(calls) == 4

@@ -207,17 +207,16 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
 
 
 @torch.no_grad()
-def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None = None) -> dict:
-    """tokens, valid and answer masks [N, T]; features [N, T, F] fp16 (post-norm last hidden state, or the
-    given layers' outputs concatenated); the target's top-K next-token values/ids [N, T, K]."""
-    width = max(len(s) for s, _ in seqs)
-    n = len(seqs)
+def _features(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None,
+              bar: tqdm) -> dict:
+    """The teacher pass over seqs, padded to their own longest (see teacher_pass)."""
+    width, n = max(len(s) for s, _ in seqs), len(seqs)
     hidden = model.config.hidden_size * (len(feature_layers) if feature_layers else 1)
     data = {"tokens": torch.zeros(n, width, dtype=torch.long), "valid": torch.zeros(n, width, dtype=torch.bool),
             "answer": torch.zeros(n, width, dtype=torch.bool), "features": torch.zeros(n, width, hidden, dtype=torch.float16),
             "top_val": torch.zeros(n, width, top_k, dtype=torch.float16),
             "top_idx": torch.zeros(n, width, top_k, dtype=torch.int32)}
-    for i, (ids, n_prompt) in enumerate(tqdm(seqs, desc="target features", unit="seq")):
+    for i, (ids, n_prompt) in enumerate(seqs):
         t = len(ids)
         out = model.model(torch.tensor([ids]), output_hidden_states=bool(feature_layers))
         if feature_layers:
@@ -231,7 +230,51 @@ def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_l
         data["features"][i, :t] = feats.half()
         data["top_val"][i, :t] = top.values.half()
         data["top_idx"][i, :t] = top.indices.int()
+        bar.update()
     return data
+
+
+def _load_part(path: Path, seqs: list[tuple[list[int], int]], top_k: int, hidden: int) -> dict | None:
+    """A saved part of the teacher pass, if it is one over exactly these sequences and shapes."""
+    if not path.is_file():
+        return None
+    try:
+        part = load_file(str(path))
+        ok = (part["features"].shape[-1] == hidden and part["top_idx"].shape[-1] == top_k
+              and len(part["tokens"]) == len(seqs)
+              and all(part["tokens"][i, :len(ids)].tolist() == ids and int(part["valid"][i].sum()) == len(ids)
+                      and int(part["answer"][i].sum()) == len(ids) - n for i, (ids, n) in enumerate(seqs)))
+    except Exception:  # a file cut short by the interruption: computed again
+        return None
+    return part if ok else None
+
+
+def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None = None,
+                 parts: Path | None = None, chunk: int = 32) -> dict:
+    """tokens, valid and answer masks [N, T]; features [N, T, F] fp16 (post-norm last hidden state, or the
+    given layers' outputs concatenated); the target's top-K next-token values/ids [N, T, K].
+
+    With `parts` (a file name), every `chunk` sequences are saved beside it as they finish
+    (`<parts stem>.teacher-<first>.safetensors`) and a later call over the same sequences reuses them:
+    an hour of a 1.5B target's features survives an interrupted run."""
+    hidden = model.config.hidden_size * (len(feature_layers) if feature_layers else 1)
+    pieces = []
+    with tqdm(total=len(seqs), desc="target features", unit="seq") as bar:
+        for lo in range(0, len(seqs), chunk):
+            group = seqs[lo:lo + chunk]
+            path = parts.with_name(f"{parts.stem}.teacher-{lo:05d}.safetensors") if parts else None
+            piece = _load_part(path, group, top_k, hidden) if path else None
+            if piece is None:
+                piece = _features(model, group, top_k, feature_layers, bar)
+                if path:
+                    save_file(piece, str(path.with_suffix(".partial")))
+                    path.with_suffix(".partial").rename(path)
+            else:
+                bar.update(len(group))
+            pieces.append(piece)
+    width = max(len(s) for s, _ in seqs)
+    return {k: torch.cat([torch.nn.functional.pad(p[k], (0, 0) * (p[k].dim() - 2) + (0, width - p[k].shape[1]))
+                          for p in pieces]) for k in pieces[0]}
 
 
 def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
@@ -246,7 +289,7 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
         seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"))
-    data = teacher_pass(model, seqs, cfg.top_k, feature_layers)
+    data = teacher_pass(model, seqs, cfg.top_k, feature_layers, parts=path)
     if cfg.source == "text":  # measurable where the text is what the target would have written
         argmax = data["top_idx"][..., 0].long()
         data["answer"][:, 1:] = (data["tokens"][:, 1:] == argmax[:, :-1]) & data["valid"][:, 1:]
@@ -255,4 +298,6 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
     tmp.rename(path)
     path.with_suffix(".answers.jsonl").unlink(missing_ok=True)
+    for part in cache.glob(f"{path.stem}.teacher-*"):
+        part.unlink()
     return data, {"cache": str(path), "reused": False}

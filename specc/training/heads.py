@@ -28,7 +28,7 @@ from ..errors import SpeccError
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.store import build_head, save_head
-from .head_data import DataConfig, build_data
+from .head_data import DTYPES, DataConfig, build_data
 
 
 @dataclass
@@ -45,6 +45,7 @@ class TrainConfig:
     eval_depth: int = 5
     checkpoint_every: int = 100
     seed: int = 0
+    dtype: str = "float32"  # the losses' matmuls: float32, or bfloat16 autocast (weights and optimizer stay float32)
 
 
 def draft_vocabulary(data: dict, size: int | None, vocab_size: int) -> torch.Tensor | None:
@@ -123,7 +124,7 @@ def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float, unroll: int
     total, weight = 0.0, 0.0
     for s, h in enumerate(eagle_unroll(head, batch["tokens"], f_in, unroll)):
         m = batch["valid"][:, 1 + s:].float()
-        vloss = (F.smooth_l1_loss(h, feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        vloss = (F.smooth_l1_loss(h.float(), feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
         p, idx = soft_targets(batch["top_val"][:, 1 + s:], batch["top_idx"][:, 1 + s:], to_draft)
         total = total + 0.8 ** s * (vloss + 0.5 * _ce(head.reduced_logits(h), p, idx, m))
         weight += 0.8 ** s
@@ -211,6 +212,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
     """Train (or resume) a head; writes output/ (config, weights, card) and returns (head, card)."""
     if cfg.kind not in ("medusa", "eagle"):
         raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle")
+    if cfg.dtype not in DTYPES or data_cfg.dtype not in DTYPES:
+        raise SpeccError(f"--dtype {cfg.dtype!r}: allowed {', '.join(DTYPES)}")
     if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
         raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     torch.manual_seed(cfg.seed)
@@ -252,7 +255,9 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
         pick = train[torch.randint(0, len(train), (cfg.batch_seqs,), generator=gen)]
         width = int(data["valid"][pick].sum(-1).max())
         batch = {k: v[pick, :width] for k, v in data.items()}
-        loss = medusa_loss(head, batch, to_draft) if cfg.kind == "medusa" else eagle_loss(head, batch, to_draft, cfg.noise, cfg.unroll)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+            loss = (medusa_loss(head, batch, to_draft) if cfg.kind == "medusa"
+                    else eagle_loss(head, batch, to_draft, cfg.noise, cfg.unroll))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

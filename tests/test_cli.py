@@ -86,6 +86,29 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
         assert s["outputs_equal"] == "2/2" and s["tokens_per_second"] > 0
 
 
+def test_bench_warms_k_auto_up_on_prompts_outside_the_benchmark(cli_bundle, tmp_path, monkeypatch):
+    """k auto's policy learns from every call: before it is timed it answers the warm-up prompts at the
+    run's token budget, as a running server has answered earlier requests; fixed k is not warmed so."""
+    from specc.bench import run as bench_run
+    from specc.bench.prompts import CHAT, warmup_items
+
+    assert not {it["prompt"] for it in warmup_items()} & set(CHAT)
+    calls, real = [], bench_run.SpeccSystem.run
+
+    def spy(self, prompts, max_new_tokens):
+        calls.append((self.name, len(prompts), max_new_tokens))
+        return real(self, prompts, max_new_tokens)
+
+    monkeypatch.setattr(bench_run.SpeccSystem, "run", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):", "kind": "code"}\n')
+    assert main(["bench", str(cli_bundle), "--prompts", str(prompts), "--max-new-tokens", "12", "--k", "2",
+                 "--k", "auto"]) == 0
+    auto, fixed = "bundle [model] chain k=auto", "bundle [model] chain k=2"
+    assert [c for c in calls if c[0] == auto] == [(auto, 1, 4), (auto, 4, 12), (auto, 1, 12)]
+    assert [c for c in calls if c[0] == fixed] == [(fixed, 1, 4), (fixed, 1, 12)]
+
+
 def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     assert main(["inspect", str(cli_bundle)]) == 0
     out = capsys.readouterr().out

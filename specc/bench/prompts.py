@@ -65,6 +65,20 @@ def code_prompts(n: int, seed: int = 0, body_lines: int = 2) -> list[str]:
     return found[:n]
 
 
+WARMUP_MODULE = "colorsys"  # not a benchmark module
+WARMUP_CHAT = ("Name three uses of a paper clip.", "What does a compiler do?")
+
+
+def warmup_items() -> list[dict]:
+    """Four prompts outside every benchmark set (two code, two chat): what an adaptive policy learns on
+    before it is timed, as a running server has learned from earlier requests."""
+    import importlib
+
+    code = function_openings(inspect.getsource(importlib.import_module(WARMUP_MODULE)))[:2]
+    return ([{"prompt": p, "chat": False, "kind": "code"} for p in code]
+            + [{"prompt": p, "chat": True, "kind": "chat"} for p in WARMUP_CHAT])
+
+
 def build(n_code: int, n_chat: int, seed: int = 0) -> list[dict]:
     items = [{"prompt": p, "kind": "code"} for p in code_prompts(n_code, seed)]
     items += [{"prompt": p, "chat": True, "kind": "chat"} for p in CHAT[:n_chat]]

@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import SpeccError
+from .prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
 
@@ -102,6 +103,11 @@ class SpeccSystem:
     @property
     def speculative(self) -> bool:
         return self.kwargs["speculative"]
+
+    @property
+    def adaptive(self) -> bool:
+        """k "auto": its policy learns from every call, so it is warmed up before it is timed."""
+        return self.speculative and "tree" not in self.kwargs and self.kwargs.get("k", self.model.k) == "auto"
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
         """Generate every prompt, batch_size at a time; token ids, per-prompt figures and the aggregate."""
@@ -278,6 +284,11 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
                                      max_new_tokens)
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)
+    fits = min(map(len, prompts))  # a prompt this long fits the bundles at this budget: warm-up prompts keep their ends
+    warmup = [p[-fits:] for p in encode_prompts(models[0], warmup_items())]
+    for s in systems:  # and k auto learns its costs and acceptance on other prompts, as a running server has
+        if getattr(s, "adaptive", False):
+            s.run(warmup, max_new_tokens)
     runs: dict[str, list] = {s.name: [] for s in systems}
     with tqdm(total=repeats * len(systems), desc="bench", unit="system", file=sys.stderr,
               disable=not progress) as bar:

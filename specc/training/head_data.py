@@ -95,7 +95,7 @@ class DataConfig:
     new_tokens: int = 128
     max_prompt_tokens: int = 192
     top_k: int = 32
-    batch: int = 16
+    batch: int = 64  # prompts answered at once (decoding reads the weights once a step for all of them)
     seed: int = 0
     source: str = "answers"  # or "text"
     seq_len: int = 256  # text: tokens per window
@@ -156,61 +156,68 @@ def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
     return list(ids)[-limit:]
 
 
-def _journal_line(seq: list[int], n_prompt: int) -> str:
-    return json.dumps({"ids": seq, "prompt_len": n_prompt}) + "\n"
+def _journal_line(batch: int, index: int, seq: list[int], n_prompt: int) -> str:
+    return json.dumps({"batch": batch, "index": index, "ids": seq, "prompt_len": n_prompt}) + "\n"
 
 
-def _journal_rows(journal: Path | None, prompts: list[list[int]], batch: int) -> list[tuple[list[int], int]]:
-    """The answers an interrupted run wrote (whole batches, in order), as long as they answer these prompts."""
-    out: list[tuple[list[int], int]] = []
-    if journal is None or not journal.is_file():
-        return out
-    for line in journal.read_text().splitlines():
-        try:
-            row = json.loads(line)
-            ids, n = [int(t) for t in row["ids"]], int(row["prompt_len"])
-        except (ValueError, KeyError, TypeError):
-            break  # a line cut short by the interruption: that batch is answered again
-        if len(out) >= len(prompts) or ids[:n] != prompts[len(out)]:
-            break
-        out.append((ids, n))
-    return out[:len(out) - len(out) % batch]
+def _journal_rows(journal: Path | None, prompts: list[list[int]],
+                  batches: list[list[int]]) -> dict[int, tuple[list[int], int]]:
+    """The answers an interrupted run wrote, by prompt index: whole batches that are batches of this run,
+    over these prompts."""
+    groups: dict[int, list] = {}
+    if journal is not None and journal.is_file():
+        for line in journal.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                entry = int(row["index"]), [int(t) for t in row["ids"]], int(row["prompt_len"])
+                groups.setdefault(int(row["batch"]), []).append(entry)
+            except (ValueError, KeyError, TypeError):
+                break  # a line cut short by the interruption: that batch is answered again
+    out = {}
+    for j, group in groups.items():
+        if (0 <= j < len(batches) and [i for i, _, _ in group] == batches[j]
+                and all(n == len(prompts[i]) and ids[:n] == prompts[i] for i, ids, n in group)):
+            out.update({i: (ids, n) for i, ids, n in group})
+    return out
 
 
-@torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int,
              journal: Path | None = None) -> list[tuple[list[int], int]]:
-    """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt.
+    """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt, in the
+    prompts' order. Batches hold prompts of similar length (sorted), so little of a batch is padding.
 
     With a journal, every finished batch is appended to it and a later call with the same prompts starts
     after the batches it holds (hours of answers from a 1.5B target survive an interrupted run; the
     batches are the same, so the answers are those of an uninterrupted run)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    out = _journal_rows(journal, prompts, batch)
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    batches = [order[lo:lo + batch] for lo in range(0, len(order), batch)]
+    rows = _journal_rows(journal, prompts, batches)
+    todo = [j for j, b in enumerate(batches) if not all(i in rows for i in b)]
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-        journal.write_text("".join(_journal_line(seq, n) for seq, n in out))
-    for lo in tqdm(range(len(out), len(prompts), batch), desc="target answers", unit="batch",
-                   initial=len(out) // batch, total=-(-len(prompts) // batch)):
-        group = prompts[lo:lo + batch]
+        journal.write_text("".join(_journal_line(j, i, *rows[i]) for j, b in enumerate(batches) if j not in todo
+                                   for i in b))
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
+        group = [prompts[i] for i in batches[j]]
         width = max(map(len, group))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                              pad_token_id=pad)
-        eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-                  else [model.generation_config.eos_token_id])
-        for p, row in zip(group, gen[:, width:].tolist()):
+        for i, p, row in zip(batches[j], group, gen[:, width:].tolist()):
             answer = []
             for t in row:
                 if t in eos:
                     break
                 answer.append(t)
-            out.append((p + answer, len(p)))
+            rows[i] = (p + answer, len(p))
         if journal is not None:
             with journal.open("a") as f:
-                f.writelines(_journal_line(seq, n) for seq, n in out[lo:])
-    return out
+                f.writelines(_journal_line(j, i, *rows[i]) for i in batches[j])
+    return [rows[i] for i in range(len(prompts))]
 
 
 @torch.no_grad()

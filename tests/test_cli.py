@@ -119,7 +119,7 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     assert shown["manifest"]["format"] == "specc-bundle" and shown["id"].startswith("sha256:")
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "onnxruntime" in out and "tensorrt" in out
+    assert "onnxruntime" in out and "tensorrt" in out and "bfloat16 matmuls: " in out and "\ncpu: " in out
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
     for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head"):
@@ -174,4 +174,5 @@ def test_bench_compares_bundles_and_trees(bundles, tmp_path, capsys):
     assert any(n.startswith("draft [model] chain k=3") for n in names)
     assert {"tree_dynamic [model] tree depth 2 x 2, <= 4 nodes", "tree_dynamic [model] tree depth 3 x 2, <= 8 nodes"} <= set(names)
     assert all(s["outputs_equal"] == "2/2" for s in result["systems"].values())
+    assert result["machine"]["cores"] >= 1 and "- machine: " in (tmp_path / "b.md").read_text()
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--tree", "2,x"]) == 2

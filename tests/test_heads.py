@@ -282,12 +282,16 @@ def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path, monkeypatch
     assert len(calls) == 4
 
 
-def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, tmp_path, monkeypatch):
+def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, tmp_path, monkeypatch, capsys):
     """--dtype bfloat16: the target's passes and the losses run in bfloat16, the data set is cached apart from
-    the float32 one, and the head's weights (what compile reads) stay float32."""
+    the float32 one, and the head's weights (what compile reads) stay float32. On a CPU without native
+    bfloat16 the run goes on with a warning that it is emulated there."""
     from safetensors.torch import load_file
 
+    import specc.hardware
     from specc.cli import main
+
+    monkeypatch.setattr(specc.hardware, "cpu", lambda: {"native_bfloat16": False})
 
     path, _ = target
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
@@ -296,10 +300,12 @@ def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, t
     args = ["train-head", str(recipe), "--kind", "eagle", "--prompts", "10", "--new-tokens", "8", "--steps", "2",
             "--draft-vocab", "64"]
     assert main(args + ["--dtype", "bfloat16", "-o", str(tmp_path / "bf16")]) == 0
+    assert "--dtype bfloat16 is emulated here" in capsys.readouterr().err
     card = json.loads((tmp_path / "bf16" / "card.json").read_text())
     assert card["train"]["dtype"] == card["data"]["dtype"] == "bfloat16" and not card["data"]["reused"]
     weights = load_file(str(tmp_path / "bf16" / "model.safetensors")).values()
     assert {t.dtype for t in weights if t.is_floating_point()} == {torch.float32}
     assert main(args + ["-o", str(tmp_path / "fp32")]) == 0
+    assert "emulated" not in capsys.readouterr().err
     assert not json.loads((tmp_path / "fp32" / "card.json").read_text())["data"]["reused"]
     assert len(list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))) == 2

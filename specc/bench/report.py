@@ -53,6 +53,8 @@ def markdown(results: dict) -> str:
         f"- {results['prompts']} prompts ({kinds}), greedy, max_new_tokens {results['max_new_tokens']}, "
         f"batch {results['batch_size']}, {results['repeats']} repeat(s) alternated, median reported",
         f"- reference for speed-ups and token-for-token equality: `{results['reference']}`",
+        *([f"- machine: {m['model']}, {m['cores']} cores, kernel flags: {', '.join(m['flags']) or 'none listed'}"]
+          if (m := results.get("machine")) else []),
         "",
         "## Summary",
         "",

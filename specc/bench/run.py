@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import SpeccError
+from ..hardware import cpu
 from .prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
@@ -302,6 +303,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         "prompt_kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},
         "repeats": repeats, "batch_size": batch_size, "bundles": [str(m.bundle.path) for m in models],
         "target": next(iter(targets)), "systems": summarise(systems, runs, items), "skipped": skipped,
+        "machine": cpu(),
     }
     if compare == "llamacpp":
         from .llamacpp import annotate

@@ -249,6 +249,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_train_head(args) -> int:
+    from ..hardware import cpu
     from ..models.cache import cache_dir
     from ..models.load import load_model
     from ..recipe import load_recipe
@@ -256,6 +257,9 @@ def cmd_train_head(args) -> int:
     from ..training.heads import TrainConfig, train_head
 
     recipe = load_recipe(args.recipe)
+    if args.dtype == "bfloat16" and not cpu()["native_bfloat16"]:
+        print("specc: warning: this CPU has no native bfloat16 matmul (AVX512-BF16 or AMX; `specc doctor`): "
+              "--dtype bfloat16 is emulated here and slower than float32", file=sys.stderr)
     loaded = load_model(recipe.target.model)
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll,

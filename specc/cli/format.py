@@ -127,9 +127,11 @@ def _version(module: str) -> str | None:
 def doctor_report() -> str:
     import torch
 
+    from ..hardware import cpu, describe
     from ..backends import get_backend, names
 
-    lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}"]
+    lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}",
+             *describe(cpu())]
     cuda = torch.cuda.is_available()
     lines.append(f"cuda: {torch.cuda.get_device_name(0) + ' (sm_%d%d)' % torch.cuda.get_device_capability(0) if cuda else 'no CUDA device'}")
     rows = []

@@ -1,0 +1,57 @@
+"""What this machine's CPU offers the kernels specc chooses between.
+
+The same bundle or training run can differ several-fold between CPUs: bfloat16 matmuls are native
+only with AVX512-BF16 or AMX (emulated, slower than float32, elsewhere), and the integer GEMM of an
+`int8-gemm` target has VNNI/AMX kernels or falls back to AVX2. `specc doctor` shows this, train-head
+warns before an emulated bfloat16 run, and bench results record it beside their numbers.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+# flags that decide which kernels run (x86 names from /proc/cpuinfo; Arm's from its Features line)
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
+                "asimddp", "i8mm", "bf16", "sve")
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+
+
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
+    """(model name, flags) of the first processor listed; ('', set()) where there is no such file."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "", set()
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """The CPU as bench results record it: model, usable cores, the kernel-relevant flags present."""
+    model, flags = _cpuinfo(cpuinfo)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"model": model or platform.processor() or platform.machine(), "cores": cores,
+            "flags": [f for f in KERNEL_FLAGS if f in flags],
+            "native_bfloat16": any(f in flags for f in BFLOAT16_FLAGS),
+            "int8_dot_product": any(f in flags for f in INT8_DOT_FLAGS)}
+
+
+def describe(info: dict) -> list[str]:
+    """doctor's lines for cpu()'s result."""
+    flags = ", ".join(info["flags"]) or "none of " + ", ".join(KERNEL_FLAGS)
+    return [f"cpu: {info['model']}, {info['cores']} usable cores; kernel flags: {flags}",
+            "  bfloat16 matmuls: " + ("native" if info["native_bfloat16"] else
+                                      "emulated (no AVX512-BF16/AMX): train-head --dtype bfloat16 is slower "
+                                      "than float32 here"),
+            "  int8 dot products: " + ("native (VNNI/AMX or Arm dot product)" if info["int8_dot_product"] else
+                                       "none (no VNNI/AMX): int8-gemm targets run on AVX2 integer kernels; "
+                                       "compare with int4 using specc tune")]

@@ -205,14 +205,24 @@ def quantized_bundles(models_dir, tmp_path_factory):
     }
 
 
-def test_row_invariance_is_checked_and_recorded(quantized_bundles):
-    """Block 32 at accuracy level 4 computes each row the same in passes of any size (measured with ONNX Runtime
-    1.32 on AVX-512 VNNI); compile records the check for every layer shape."""
+def test_row_invariance_is_checked_and_recorded(quantized_bundles, caplog):
+    """Whether MatMulNBits computes a row the same in passes of any size depends on the CPU (ONNX Runtime 1.32:
+    block 32 at accuracy level 4 does with AVX-512 VNNI; on an AVX2-only CPU no setting does, 1-row passes take
+    another kernel). Compile records the check where it compiles; the runtime asks again where it runs and
+    warns a speculative bundle's user when near-ties can differ from target-only output."""
     from specc.backends.matmul_nbits import rows_independent_of_pass_size
+    from specc.backends.row_invariance import rows_independent_here
 
-    assert rows_independent_of_pass_size(64, 48, 4, 32, 4)
+    here = rows_independent_of_pass_size(64, 48, 4, 32, 4)
     q = specc.load(quantized_bundles["int4"]).bundle.graph("target").facts["weight_quant"]
-    assert q["rows_independent_of_pass_size"] is True
+    assert q["rows_independent_of_pass_size"] is here  # compiled on this machine
+    with caplog.at_level("WARNING", logger="specc"):
+        model = specc.load(quantized_bundles["int4"])
+    assert model.rows_independent_of_pass_size is rows_independent_here(q) is rows_independent_of_pass_size(1536, 256, 4, 32, 4)
+    assert ("computes a row differently in 1-token and multi-token passes" in caplog.text) is (
+        model.rows_independent_of_pass_size is False)
+    gemm = specc.load(quantized_bundles["int8_gemm"])
+    assert gemm.rows_independent_of_pass_size is True  # by construction, on every CPU
 
 
 def test_bundle_records_the_int8_gemm_target(quantized_bundles):
@@ -247,6 +257,9 @@ def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, promp
 
     assert len(prompts) >= 50
     model = specc.load(quantized_bundles[name])
+    if model.rows_independent_of_pass_size is False:
+        pytest.skip(f"{name}: this CPU's MatMulNBits computes 1-row passes differently from multi-row ones, so near-ties "
+                    "may differ from target-only (the runtime warns: test_row_invariance_is_checked_and_recorded)")
     reference = [c.token_ids for p in prompts for c in model.generate([p], max_new_tokens=16, speculative=False)]
     bad, stats = [], RunStats()
     for lo in range(0, len(prompts), batch):

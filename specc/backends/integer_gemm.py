@@ -1,14 +1,20 @@
 """`target.quantize: int8-gemm`: a graph's linear layers onto ONNX Runtime's integer GEMM (`MatMulInteger`).
 
 Weights are int8 with one scale per output channel (round to nearest of the float weight: for a
-GGUF source, its dequantised values). Activations are quantised per row, in two int8 parts: with
-s = max|x| / 127 over the row,
+GGUF source, its dequantised values). Activations are quantised per row, in two 7-bit parts: with
+s = max|x| / 63 over the row,
 
-    x ≈ s · (hi + lo / 254)      hi = round(x / s),  lo = round((x / s - hi) · 254)
+    x ≈ s · (hi + lo / 126)      hi = round(x / s),  lo = round((x / s - hi) · 126)
 
-(about 15 bits relative to the row's largest value, so outlier channels do not flatten the
-others). hi and lo rows go through one `MatMulInteger` as 2T rows of the pass and are recombined
-in float32: y = (acc_hi + acc_lo / 254) · s · scale_w.
+(about 13 bits relative to the row's largest value, so outlier channels do not flatten the
+others). hi and lo rows go through one `MatMulInteger` as 2T rows of the pass (uint8, zero point 64)
+and are recombined in float32: y = (acc_hi + acc_lo / 126) · s · scale_w.
+
+Why 7 bits: without VNNI or AMX, ONNX Runtime's AVX2 u8 x s8 kernel adds pairs of products in 16
+bits with saturation (`vpmaddubsw`), so two uint8 activations near 255 times weights near 127
+overflow and the GEMM is wrong (stop 32, an AVX2-only AMD EPYC: errors of 80% of the output on a
+row with an outlier channel). Activations below 128 keep every pair under 2^15 on every CPU, so a
+bundle computes the same bits wherever it runs.
 
 Why: at accuracy level 4, ONNX Runtime's `MatMulNBits` pays for every extra row of a pass
 (a 4-token verify of the Qwen2.5-Coder-1.5B target 1.50x a 1-token pass on this CPU), while its
@@ -26,7 +32,8 @@ import numpy as np
 
 from .matmul_nbits import QuantConfig, linear_module, linear_weight, replace_linear_layers, rows_match_one_row_passes
 
-LO = 254.0  # the low part's resolution: one step of hi in LO steps (|lo| <= 127)
+QMAX = 63  # |hi|, |lo| <= 63: uint8 activations in [1, 127] around zero point 64 (see above)
+LO = 2.0 * QMAX  # the low part's resolution: one step of hi in LO steps
 
 
 def quantize_channels(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -39,7 +46,7 @@ def quantize_channels(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _activation_nodes(x: str, p: str, consts: dict) -> list:
-    """x [..., T, K] float → p.xq [..., 2T, K] uint8 (hi rows then lo rows, zero point 128) and p.sx [..., T, 1]."""
+    """x [..., T, K] float → p.xq [..., 2T, K] uint8 (hi rows then lo rows, zero point 64) and p.sx [..., T, 1]."""
     from onnx import helper
 
     t = lambda s: f"{p}.{s}"  # noqa: E731
@@ -47,13 +54,13 @@ def _activation_nodes(x: str, p: str, consts: dict) -> list:
         helper.make_node("Abs", [x], [t("abs")]),
         helper.make_node("ReduceMax", [t("abs"), consts["last"]], [t("amax")], keepdims=1),
         helper.make_node("Max", [t("amax"), consts["tiny"]], [t("amax1")]),
-        helper.make_node("Div", [t("amax1"), consts["127"]], [t("sx")]),
+        helper.make_node("Div", [t("amax1"), consts["qmax"]], [t("sx")]),
         helper.make_node("Div", [x, t("sx")], [t("xs")]),
         helper.make_node("Round", [t("xs")], [t("hi")]),
         helper.make_node("Sub", [t("xs"), t("hi")], [t("rest")]),
         helper.make_node("Mul", [t("rest"), consts["lo"]], [t("rest_lo")]),
         helper.make_node("Concat", [t("hi"), t("rest_lo")], [t("both")], axis=-2),
-        # round half to even (lo; hi is already whole) and + 128, as Round, Add and Cast would do, in one operator
+        # round half to even (lo; hi is already whole) and + 64, as Round, Add and Cast would do, in one operator
         helper.make_node("QuantizeLinear", [t("both"), consts["one"], consts["zp"]], [t("xq")]),
     ]
     for i, n in enumerate(nodes):
@@ -80,9 +87,9 @@ def _gemm_nodes(p: str, base: str, out: str, q_name: str, s_name: str, consts: d
 def _constants(model) -> dict:
     from onnx import numpy_helper
 
-    values = {"last": np.array([-1], np.int64), "tiny": np.array(1e-30, np.float32), "127": np.array(127, np.float32),
+    values = {"last": np.array([-1], np.int64), "tiny": np.array(1e-30, np.float32), "qmax": np.array(QMAX, np.float32),
               "lo": np.array(LO, np.float32), "inv_lo": np.array(1 / LO, np.float32), "one": np.array(1, np.float32),
-              "zp": np.array(128, np.uint8)}
+              "zp": np.array(QMAX + 1, np.uint8)}
     names = {}
     for key, value in values.items():
         names[key] = f"int8_gemm.{key}"

@@ -191,7 +191,9 @@ def quantize_linear_layers(model, config: QuantConfig) -> dict:
         logging.getLogger("specc").warning(
             "MatMulNBits with block %d at accuracy level %d computes a row differently in 1-token and multi-token passes "
             "on this CPU: greedy speculative output can differ from target-only output where two tokens nearly tie. "
-            "block_size 32 with accuracy_level 4 does not (measured with ONNX Runtime 1.32)", config.block_size,
+            "With ONNX Runtime 1.32, block_size 32 at accuracy_level 4 does not on AVX-512 VNNI CPUs; on AVX2-only "
+            "CPUs every int4 setting does, and target.quantize int8-gemm does not on either (docs/quantization.md)",
+            config.block_size,
             config.accuracy_level)
     return {"bits": config.bits, "block_size": config.block_size, "accuracy_level": config.accuracy_level,
             "symmetric": config.symmetric, "layers": counts, "weight_bytes": weight_bytes,
@@ -212,7 +214,8 @@ def rows_independent_of_pass_size(k: int, n: int, bits: int, block_size: int, ac
 
     Speculative verify runs k+1 rows where target-only decoding runs 1; a kernel that computes a row
     differently by pass size (ONNX Runtime 1.32 on AVX-512 VNNI: block 128 at accuracy level 4, and the
-    float32 levels 0-2) can flip a near-tied greedy choice, so compile records this, and warns."""
+    float32 levels 0-2; on AVX2 only: every int4 setting, whose 1-row passes take another kernel) can flip a
+    near-tied greedy choice, so compile records this, and warns; the runtime asks again (row_invariance.py)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)

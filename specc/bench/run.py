@@ -167,6 +167,9 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
         for label, kw, shape in variants:
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
                         "draft_method": model.draft_label, **shape}
+            if model.rows_independent_of_pass_size is False:
+                settings["note"] = ("the target's kernels compute a row differently in 1-token and multi-token "
+                                    "passes on this CPU: near-ties can differ from target-only (docs/quantization.md)")
             systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
                                        {"speculative": True, **common, **kw}, batch_size, settings,
                                        reference=_own_reference(own[build])))

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent / "specc"
 
 # bottom first: a module may import from its own layer and the layers above it in this list
 LAYERS: list[tuple[str, ...]] = [
-    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress"),
+    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.hardware"),
     ("specc.speculation",),
     ("specc.recipe",),
     ("specc.models", "specc.capture", "specc.heads"),

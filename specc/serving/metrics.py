@@ -44,6 +44,8 @@ class Metrics:
         self.accepted_per_pos = Counter("specc:spec_decode_num_accepted_tokens_per_pos",
                                         "draft tokens accepted at each draft position (0 = first)", ["position"],
                                         registry=r)
+        for pos in range(k_max):  # every position exported from the start, at 0 (k auto may not draft at first)
+            self.accepted_per_pos.labels(position=str(pos))
         self.k = Histogram("specc:spec_decode_k", "draft tokens asked for per round (0: plain decoding)",
                            buckets=tuple(range(k_max + 1)), registry=r)
         self._window: deque[tuple[float, int]] = deque()

@@ -53,5 +53,5 @@ def describe(info: dict) -> list[str]:
                                       "emulated (no AVX512-BF16/AMX): train-head --dtype bfloat16 is slower "
                                       "than float32 here"),
             "  int8 dot products: " + ("native (VNNI/AMX or Arm dot product)" if info["int8_dot_product"] else
-                                       "none (no VNNI/AMX): int8-gemm targets run on AVX2 integer kernels; "
+                                       "none (no VNNI/AMX): int8-gemm targets run on plain integer kernels (AVX2 on x86); "
                                        "compare with int4 using specc tune")]

@@ -35,11 +35,15 @@ def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
     return model, flags
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """The CPU as bench results record it: model, usable cores, the kernel-relevant flags present."""
     model, flags = _cpuinfo(cpuinfo)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"model": model or platform.processor() or platform.machine(), "cores": cores,
+    return {"model": model or platform.processor() or platform.machine(), "cores": usable_cores(),
             "flags": [f for f in KERNEL_FLAGS if f in flags],
             "native_bfloat16": any(f in flags for f in BFLOAT16_FLAGS),
             "int8_dot_product": any(f in flags for f in INT8_DOT_FLAGS)}

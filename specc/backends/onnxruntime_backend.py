@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
+from ..hardware import usable_cores
 from .attention_fp64 import attention_in_float64
 from .base import LowerOptions, check_engine_matches, require_version
 from .integer_gemm import quantize_linear_layers_int8_gemm
@@ -21,10 +22,6 @@ FILE = "model.onnx"
 QUANTIZED_FILES = {"int8": "model.int8.onnx", "int4": "model.int4.onnx"}
 NBITS_FILE = "model.nbits.onnx"
 OPSET = 23  # Attention, RMSNormalization and RotaryEmbedding are single operators from opset 23
-
-
-def _cpu_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def session_options():
@@ -43,7 +40,7 @@ def session_options():
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    so.intra_op_num_threads = _cpu_threads()
+    so.intra_op_num_threads = usable_cores()
     so.inter_op_num_threads = 1
     spin = os.environ.get("SPECC_ORT_SPIN", "1") != "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")

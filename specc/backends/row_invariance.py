@@ -18,9 +18,7 @@ PROBE_K = 1536  # a multiple of every block size the recipes allow
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(kind: str, bits: int, block_size: int, accuracy_level: int) -> bool:
-    if kind == "int8-gemm":
-        return int8_gemm_rows_independent()
+def _nbits(bits: int, block_size: int, accuracy_level: int) -> bool:
     return nbits_rows_independent(PROBE_K, 256, bits, block_size, accuracy_level)
 
 
@@ -29,6 +27,8 @@ def rows_independent_here(weight_quant: dict | None) -> bool | None:
     if not weight_quant:
         return None
     if weight_quant.get("kind") == "int8-gemm":
-        return _probe("int8-gemm", 8, 0, 0)
-    return _probe("nbits", int(weight_quant["bits"]), int(weight_quant["block_size"]),
-                  int(weight_quant["accuracy_level"]))
+        return _int8_gemm()
+    return _nbits(int(weight_quant["bits"]), int(weight_quant["block_size"]), int(weight_quant["accuracy_level"]))
+
+
+_int8_gemm = functools.lru_cache(maxsize=None)(int8_gemm_rows_independent)

@@ -2,8 +2,9 @@
 against what a plain copy achieves on this machine."""
 from __future__ import annotations
 
-import os
 import time
+
+from ..hardware import usable_cores
 
 
 def copy_bandwidth(threads: int | None = None, megabytes: int = 256, repeats: int = 5) -> float:
@@ -11,7 +12,7 @@ def copy_bandwidth(threads: int | None = None, megabytes: int = 256, repeats: in
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads or usable_cores())
     try:
         src = torch.ones(megabytes * (1 << 20) // 4)
         dst = torch.empty_like(src)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpeccError
+from ..hardware import usable_cores
 from ..runtime.stats import RowStats
 
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
@@ -49,7 +50,7 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
                          "(builds llama.cpp from source: cmake and a C++ compiler, several minutes)") from None
     if not Path(gguf).is_file():
         raise SpeccError(f"GGUF file {gguf} does not exist")
-    threads = threads or len(os.sched_getaffinity(0))
+    threads = threads or usable_cores()
     default, overrides = lib.llama_model_default_params, None
     own_choice = os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") == "1"
     if not own_choice:
@@ -192,7 +193,7 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
     or prompt lookup at each k when there is no draft GGUF."""
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    common = {"gguf": str(target_gguf), "threads": threads or len(os.sched_getaffinity(0)), "api": "llama-cpp-python",
+    common = {"gguf": str(target_gguf), "threads": threads or usable_cores(), "api": "llama-cpp-python",
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     target_only = open_llama(target_gguf, threads, n_ctx)
     common["repacked_tensors"] = target_only.specc_repacked

@@ -127,8 +127,8 @@ def _version(module: str) -> str | None:
 def doctor_report() -> str:
     import torch
 
-    from ..hardware import cpu, describe
     from ..backends import get_backend, names
+    from ..hardware import cpu, describe
 
     lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}",
              *describe(cpu())]

@@ -206,23 +206,52 @@ def quantized_bundles(models_dir, tmp_path_factory):
 
 
 def test_row_invariance_is_checked_and_recorded(quantized_bundles, caplog):
-    """Whether MatMulNBits computes a row the same in passes of any size depends on the CPU (ONNX Runtime 1.32:
-    block 32 at accuracy level 4 does with AVX-512 VNNI; on an AVX2-only CPU no setting does, 1-row passes take
-    another kernel). Compile records the check where it compiles; the runtime asks again where it runs and
-    warns a speculative bundle's user when near-ties can differ from target-only output."""
-    from specc.backends.matmul_nbits import rows_independent_of_pass_size
-    from specc.backends.row_invariance import rows_independent_here
+    """From how many rows on MatMulNBits computes a row the same in passes of any size depends on the CPU (ONNX
+    Runtime 1.32: every size at block 32, accuracy level 4 with AVX-512 VNNI; on an AVX2-only CPU 2 rows, 1-row
+    passes take a kernel of their own). Compile records the check where it compiles; the runtime asks again where
+    it runs, pads its 1-token target passes to that many rows, and warns where no pass size is enough."""
+    from specc.backends.matmul_nbits import fewest_pass_rows
+    from specc.backends.row_invariance import min_pass_rows_here
 
-    here = rows_independent_of_pass_size(64, 48, 4, 32, 4)
+    here = fewest_pass_rows(64, 48, 4, 32, 4)
+    assert here in (1, 2, None)
     q = specc.load(quantized_bundles["int4"]).bundle.graph("target").facts["weight_quant"]
-    assert q["rows_independent_of_pass_size"] is here  # compiled on this machine
+    assert q["min_pass_rows"] == here and q["rows_independent_of_pass_size"] is (here == 1)  # compiled on this machine
     with caplog.at_level("WARNING", logger="specc"):
         model = specc.load(quantized_bundles["int4"])
-    assert model.rows_independent_of_pass_size is rows_independent_here(q) is rows_independent_of_pass_size(1536, 256, 4, 32, 4)
-    assert ("computes a row differently in 1-token and multi-token passes" in caplog.text) is (
-        model.rows_independent_of_pass_size is False)
+    assert model.min_pass_rows == min_pass_rows_here(q) == fewest_pass_rows(1536, 256, 4, 32, 4)
+    assert model.target.step.min_rows == (model.min_pass_rows or 1)
+    assert ("computes a row differently in passes of different sizes" in caplog.text) is (model.min_pass_rows is None)
     gemm = specc.load(quantized_bundles["int8_gemm"])
-    assert gemm.rows_independent_of_pass_size is True  # by construction, on every CPU
+    assert gemm.min_pass_rows == 1  # by construction, on every CPU
+
+
+def test_padded_one_row_passes_give_the_rows_of_larger_passes(quantized_bundles):
+    """A 1-token pass padded to 2 rows returns what the unpadded graph returns for that token (logits and the KV and
+    features of T tokens: the copy's are dropped) up to kernel rounding, and each padded decode step's logits are
+    the bits the same token gets inside a 4-token pass, on every CPU (min_rows forced to 2 here)."""
+    import torch
+
+    from specc.runtime.kv_cache import KVCache
+
+    model = specc.load(quantized_bundles["int4"])
+    step, dims = model.target.step, model.target.dims
+    ids = torch.tensor([model.tokenizer.encode("def add(a, b):\n    return a + b\n")], dtype=torch.long)[:, :12]
+    cache = KVCache(dims, 1, 64)
+    cache.ensure(ids.shape[1] + 4)
+    out = dict(zip(step.output_names, step(ids[:, :8], cache, logit_index=torch.arange(8)[None])))
+    cache.commit(out["new_k"], out["new_v"], torch.tensor([8]))
+    step.min_rows = 1
+    plain = dict(zip(step.output_names, step(ids[:, 8:9], cache, logit_index=torch.tensor([[0]]))))
+    step.min_rows = 2
+    padded = dict(zip(step.output_names, step(ids[:, 8:9], cache, logit_index=torch.tensor([[0]]))))
+    assert {n: tuple(v.shape) for n, v in padded.items()} == {n: tuple(v.shape) for n, v in plain.items()}
+    assert padded["new_k"].shape[3] == 1
+    for name in plain:
+        torch.testing.assert_close(padded[name], plain[name], rtol=2e-2, atol=2e-2)
+    four = dict(zip(step.output_names, step(ids[:, 8:12], cache, logit_index=torch.arange(4)[None])))
+    assert torch.equal(padded["logits"][:, 0], four["logits"][:, 0])
+    assert torch.equal(padded["new_k"][..., 0, :], four["new_k"][..., 0, :])
 
 
 def test_bundle_records_the_int8_gemm_target(quantized_bundles):
@@ -257,9 +286,9 @@ def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, promp
 
     assert len(prompts) >= 50
     model = specc.load(quantized_bundles[name])
-    if model.rows_independent_of_pass_size is False:
-        pytest.skip(f"{name}: this CPU's MatMulNBits computes 1-row passes differently from multi-row ones, so near-ties "
-                    "may differ from target-only (the runtime warns: test_row_invariance_is_checked_and_recorded)")
+    if model.min_pass_rows is None:
+        pytest.skip(f"{name}: this CPU's kernels compute a row differently in passes of every size, so near-ties may "
+                    "differ from target-only (the runtime warns: test_row_invariance_is_checked_and_recorded)")
     reference = [c.token_ids for p in prompts for c in model.generate([p], max_new_tokens=16, speculative=False)]
     bad, stats = [], RunStats()
     for lo in range(0, len(prompts), batch):

@@ -30,7 +30,7 @@ import logging
 
 import numpy as np
 
-from .matmul_nbits import QuantConfig, linear_module, linear_weight, replace_linear_layers, rows_match_one_row_passes
+from .matmul_nbits import QuantConfig, linear_module, linear_weight, replace_linear_layers, rows_match_small_passes
 
 QMAX = 63  # |hi|, |lo| <= 63: uint8 activations in [1, 127] around zero point 64 (see above)
 LO = 2.0 * QMAX  # the low part's resolution: one step of hi in LO steps
@@ -167,7 +167,8 @@ def quantize_linear_layers_int8_gemm(model, config: QuantConfig) -> dict:
             "the int8 GEMM computed a row differently in 1-token and multi-token passes on this CPU: greedy speculative "
             "output can differ from target-only output where two tokens nearly tie")
     return {"kind": config.kind, "bits": 8, "layers": counts, "merged_layers": merged, "weight_bytes": weight_bytes,
-            "kernel": "MatMulInteger (u8 activations x s8 weights)", "rows_independent_of_pass_size": invariant}
+            "kernel": "MatMulInteger (u8 activations x s8 weights)", "rows_independent_of_pass_size": invariant,
+            "min_pass_rows": 1 if invariant else None}
 
 
 def rows_independent_of_pass_size(k: int = 1536, n: int = 256) -> bool:
@@ -184,4 +185,4 @@ def rows_independent_of_pass_size(k: int = 1536, n: int = 256) -> bool:
     consts = _constants(model)
     model.graph.node.extend(_activation_nodes("x", "a", consts) + _gemm_nodes("a", "g", "y", "W", "S", consts))
     x = (rng.normal(size=(1, 9, k)) * rng.choice([1.0, 30.0], size=k, p=[0.99, 0.01])).astype(np.float32)
-    return rows_match_one_row_passes(model, x)
+    return rows_match_small_passes(model, x)

@@ -186,18 +186,16 @@ def quantize_linear_layers(model, config: QuantConfig) -> dict:
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     kernels = sorted(set(_nbits_shapes(model)))
-    invariant = all(rows_independent_of_pass_size(k, n, bits, block, config.accuracy_level) for k, n, bits, block in kernels)
-    if not invariant:
+    rows = [fewest_pass_rows(k, n, bits, block, config.accuracy_level) for k, n, bits, block in kernels]
+    min_rows = None if None in rows else max(rows, default=1)
+    if min_rows is None:
         logging.getLogger("specc").warning(
-            "MatMulNBits with block %d at accuracy level %d computes a row differently in 1-token and multi-token passes "
-            "on this CPU: greedy speculative output can differ from target-only output where two tokens nearly tie. "
-            "With ONNX Runtime 1.32, block_size 32 at accuracy_level 4 does not on AVX-512 VNNI CPUs; on AVX2-only "
-            "CPUs every int4 setting does, and target.quantize int8-gemm does not on either (docs/quantization.md)",
-            config.block_size,
-            config.accuracy_level)
+            "MatMulNBits with block %d at accuracy level %d computes a row differently in passes of different sizes "
+            "on this CPU: greedy speculative output can differ from target-only output where two tokens nearly tie "
+            "(docs/quantization.md)", config.block_size, config.accuracy_level)
     return {"bits": config.bits, "block_size": config.block_size, "accuracy_level": config.accuracy_level,
             "symmetric": config.symmetric, "layers": counts, "weight_bytes": weight_bytes,
-            "rows_independent_of_pass_size": invariant}
+            "rows_independent_of_pass_size": min_rows == 1, "min_pass_rows": min_rows}
 
 
 def _nbits_shapes(model):
@@ -209,13 +207,15 @@ def _nbits_shapes(model):
             yield a["K"], a["N"], a["bits"], a["block_size"]
 
 
-def rows_independent_of_pass_size(k: int, n: int, bits: int, block_size: int, accuracy_level: int) -> bool:
-    """Does this MatMulNBits kernel give a row the same bits in a 1-row and in a multi-row pass on this machine?
+def fewest_pass_rows(k: int, n: int, bits: int, block_size: int, accuracy_level: int) -> int | None:
+    """From how many rows on does this MatMulNBits kernel give a row the same bits whatever the pass holds, on this
+    machine: 1 (any pass), 2 (1-row passes differ, every larger pass agrees) or None (no pass size is enough)?
 
-    Speculative verify runs k+1 rows where target-only decoding runs 1; a kernel that computes a row
-    differently by pass size (ONNX Runtime 1.32 on AVX-512 VNNI: block 128 at accuracy level 4, and the
-    float32 levels 0-2; on AVX2 only: every int4 setting, whose 1-row passes take another kernel) can flip a
-    near-tied greedy choice, so compile records this, and warns; the runtime asks again (row_invariance.py)."""
+    Speculative verify runs k+1 rows where target-only decoding runs 1; a kernel that computes a row differently by
+    pass size can flip a near-tied greedy choice. ONNX Runtime 1.32 on AVX-512 VNNI: 1 at block 32, accuracy level
+    4; on an AVX2-only CPU every int4 setting gives 2 (1-row passes take a GEMV kernel of their own), so the
+    runtime runs a 1-token pass as 2 rows there (runtime/step.py). Compile records this; the runtime asks again
+    where it runs (row_invariance.py)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -227,16 +227,18 @@ def rows_independent_of_pass_size(k: int, n: int, bits: int, block_size: int, ac
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
-    return rows_match_one_row_passes(model, rng.normal(size=(9, k)).astype(np.float32))
+    x = rng.normal(size=(9, k)).astype(np.float32)
+    return next((rows for rows in (1, 2) if rows_match_small_passes(model, x, rows)), None)
 
 
-def rows_match_one_row_passes(model, x: np.ndarray) -> bool:
+def rows_match_small_passes(model, x: np.ndarray, rows: int = 1) -> bool:
     """Does the ONNX `model` (input "x", output "y", rows on axis -2) give its first 2, 4, 6 and 9 rows of x the bits
-    it gives each row alone?"""
+    it gives each row alone in a pass of `rows` rows (the row and copies of it)?"""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    single = np.concatenate([session.run(None, {"x": x[..., i:i + 1, :]})[0] for i in range(x.shape[-2])], axis=-2)
+    alone = [session.run(None, {"x": np.repeat(x[..., i:i + 1, :], rows, axis=-2)})[0][..., :1, :] for i in range(x.shape[-2])]
+    single = np.concatenate(alone, axis=-2)
     return all(np.array_equal(session.run(None, {"x": x[..., :m, :]})[0], single[..., :m, :]) for m in (2, 4, 6, 9))
 
 

@@ -151,9 +151,12 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
     for model, build in zip(models, builds):
         if build not in own:
             own[build] = SPECC_TARGET_ONLY if not own else f"{SPECC_TARGET_ONLY} [{model.bundle.path.name}]"
-            systems.append(SpeccSystem(own[build], model, {"speculative": False, **common}, batch_size,
-                                       {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
-                                        "target": build}, reference=_own_reference(own[build])))
+            settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend, "target": build}
+            if (model.min_pass_rows or 1) > 1:
+                settings["note"] = (f"1-token passes run as {model.min_pass_rows} rows: this CPU's kernels give a row "
+                                    "other bits in 1-row passes than in verify passes (docs/quantization.md)")
+            systems.append(SpeccSystem(own[build], model, {"speculative": False, **common}, batch_size, settings,
+                                       reference=_own_reference(own[build])))
     for model, build in zip(models, builds):
         if not model.can_speculate:
             continue
@@ -167,9 +170,9 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
         for label, kw, shape in variants:
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
                         "draft_method": model.draft_label, **shape}
-            if model.rows_independent_of_pass_size is False:
-                settings["note"] = ("the target's kernels compute a row differently in 1-token and multi-token "
-                                    "passes on this CPU: near-ties can differ from target-only (docs/quantization.md)")
+            if model.min_pass_rows is None:
+                settings["note"] = ("the target's kernels compute a row differently in passes of different sizes "
+                                    "on this CPU: near-ties can differ from target-only (docs/quantization.md)")
             systems.append(SpeccSystem(f"{name} [{model.draft_label}] {label}", model,
                                        {"speculative": True, **common, **kw}, batch_size, settings,
                                        reference=_own_reference(own[build])))

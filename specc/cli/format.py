@@ -41,6 +41,12 @@ def terminal_safe(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def _pass_rows(q: dict) -> str:
+    """The compiling CPU's row-invariance probe in words (the runtime probes again where it runs)."""
+    rows = q.get("min_pass_rows", 1 if q.get("rows_independent_of_pass_size") else None)
+    return {1: "yes", 2: "from 2 rows (1-token passes run as 2 rows)"}.get(rows, "no")
+
+
 def format_manifest(manifest, path: Path, verified: bool) -> str:
     """`specc inspect`: a bundle's typed Manifest (specc.bundle) as text, its id first."""
     recipe = manifest.recipe
@@ -103,8 +109,8 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                   f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}")
         return [f"  weights   {kernel}, "
                 f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
-                f"({q.get('attention_float64', 0)} nodes), rows independent of pass size: "
-                f"{q.get('rows_independent_of_pass_size', '-')}"
+                f"({q.get('attention_float64', 0)} nodes), rows independent of pass size "
+                f"(where compiled): {_pass_rows(q)}"
                 + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
                 "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]
     if key == "fused_ops":

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 
 from ..backends import LowerOptions, Runner, get_backend
-from ..backends.row_invariance import rows_independent_here
+from ..backends.row_invariance import min_pass_rows_here
 from ..bundle import Bundle, check_code_trust, open_bundle
 from ..capture.shapes import ModelDims
 from ..errors import BundleError, RequestError, SpeccError
@@ -55,21 +55,21 @@ class SpecModel:
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
         self.eos_ids = set(m.tokenizer.eos_token_ids)
         self.target = Target(self._load_graph("target"), self.bundle.graph("target").outputs)
-        # None: no quantised kernels to ask about; False: greedy speculative output can differ from target-only
-        # output here where two tokens nearly tie (kernels are chosen per CPU at run time)
-        self.rows_independent_of_pass_size = (
-            rows_independent_here(self.bundle.graph("target").facts.get("weight_quant"))
-            if m.backend == "onnxruntime" else None)
+        # kernels are chosen per CPU at run time: from how many rows on does the target's give a row the same bits
+        # in passes of any size here? Its 1-token passes are padded to that many rows; None: no size is enough
+        wq = self.bundle.graph("target").facts.get("weight_quant")
+        self.min_pass_rows = min_pass_rows_here(wq) if m.backend == "onnxruntime" else 1
+        self.target.step.min_rows = self.min_pass_rows or 1
         self.draft_method = m.draft.method
         self.drafter = build_drafter(self.draft_method, DraftContext(
             dataclasses.asdict(recipe.draft), m.draft.graph, m.draft.shares_target_cache, self._load_graph,
             self.max_context, self.target.dims.vocab_size))
         self.tokenizer = load_tokenizer(bundle)
-        if self.rows_independent_of_pass_size is False and self.drafter is not None:
+        if self.min_pass_rows is None and self.drafter is not None:
             logging.getLogger("specc").warning(
-                "bundle %s: on this CPU its quantised target computes a row differently in 1-token and multi-token "
-                "passes, so greedy speculative output can differ from its target-only output where two tokens nearly "
-                "tie (sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
+                "bundle %s: on this CPU its quantised target computes a row differently in passes of different sizes, "
+                "so greedy speculative output can differ from its target-only output where two tokens nearly tie "
+                "(sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
                 "settings that are row-invariant on which CPUs", bundle.path)
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
@@ -79,7 +79,7 @@ class SpecModel:
         if entry is None:
             raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
         return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry.model), self.device,
-                          [i.name for i in entry.inputs])
+                          [i.name for i in entry.inputs], list(entry.outputs))
 
     @property
     def verify_head(self) -> bool:

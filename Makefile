@@ -24,10 +24,11 @@ demo: $(BIN)/python
 	$(BIN)/specc bench bundles/quickstart --prompts examples/prompts/quickstart-8.jsonl \
 		--max-new-tokens 64 --json bench-results/quickstart.json
 
+# --dist loadfile: a test file's tests share one worker, so its module fixtures (compiled bundles) are built once
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	-$(MAKE) --no-print-directory triton-env
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 triton-env: $(TRITON_VENV)/.installed
 

@@ -1,8 +1,11 @@
-"""Shared fixtures: tiny random models and bundles built once per test session in temp dirs."""
+"""Shared fixtures: tiny random models and bundles built once per test run in temp dirs (once for all xdist workers)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,15 +34,33 @@ def pytest_configure(config) -> None:
     torch.set_num_threads(per)
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """`build(path)` run once per test run: xdist workers share the run's temp root, and a worker that
+    finds another building waits for it (a file lock). What it builds must be read only to the tests."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+    path, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            done.touch()
+    return path
+
+
+def _tiny_models(root: Path) -> None:
+    make_tiny_model(root / "target", seed=0, layers=3)
+    derive_draft(root / "target", root / "draft", layers=2)
+    derive_draft(root / "target", root / "wrong", shift_lm_head=1)
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     """target: 3-layer llama; draft: its first 2 layers (partial acceptance);
     wrong: the target with its LM head rolled by one row, so its greedy token is never the target's."""
-    root = tmp_path_factory.mktemp("models")
-    make_tiny_model(root / "target", seed=0, layers=3)
-    derive_draft(root / "target", root / "draft", layers=2)
-    derive_draft(root / "target", root / "wrong", shift_lm_head=1)
-    return root
+    return built_once(tmp_path_factory, "models", _tiny_models)
 
 
 def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxruntime", **extra) -> Path:
@@ -55,15 +76,15 @@ def build_bundle(out: Path, target: Path, draft: dict, backend: str = "onnxrunti
 
 
 class LazyBundles(dict):
-    """Bundles built on first use (a test run that needs two of them builds two)."""
+    """Bundles built on first use (a test run that needs two of them builds two), once for all workers."""
 
-    def __init__(self, root: Path, recipes: dict[str, tuple]):
+    def __init__(self, tmp_path_factory, recipes: dict[str, tuple]):
         super().__init__()
-        self.root, self.recipes = root, recipes
+        self.factory, self.recipes = tmp_path_factory, recipes
 
     def __missing__(self, name: str) -> Path:
         target, draft, extra = self.recipes[name]
-        self[name] = build_bundle(self.root / name, target, draft, **extra)
+        self[name] = built_once(self.factory, f"bundle-{name}", lambda out: build_bundle(out, target, draft, **dict(extra)))
         return self[name]
 
 
@@ -80,7 +101,7 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     dynamic = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 8}}
     static = {"mode": "tree", "tree": {"paths": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}}
     chain_paths = {"mode": "tree", "tree": {"paths": [[0], [0, 0], [0, 0, 0]]}}
-    return LazyBundles(tmp_path_factory.mktemp("bundles"), {
+    return LazyBundles(tmp_path_factory, {
         "draft": (t, draft, {}),
         "self": (t, itself, {}),
         "wrong": (t, wrong, {"backend": "torch"}),

@@ -35,12 +35,14 @@ def pytest_configure(config) -> None:
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
-    """`build(path)` run once per test run: xdist workers share the run's temp root, and a worker that
-    finds another building waits for it (a file lock). What it builds must be read only to the tests."""
+    """`build(path)` run once per test run; `name` is a relative path whose last part names what tests see
+    (bench tables name a bundle by its directory). xdist workers share the run's temp root, and a worker
+    that finds another building waits for it (a file lock). What it builds must be read only to the tests."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
     root.mkdir(exist_ok=True)
     path, done = root / name, root / f"{name}.done"
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
@@ -84,7 +86,7 @@ class LazyBundles(dict):
 
     def __missing__(self, name: str) -> Path:
         target, draft, extra = self.recipes[name]
-        self[name] = built_once(self.factory, f"bundle-{name}", lambda out: build_bundle(out, target, draft, **dict(extra)))
+        self[name] = built_once(self.factory, f"bundles/{name}", lambda out: build_bundle(out, target, draft, **dict(extra)))
         return self[name]
 
 

@@ -54,12 +54,11 @@ class SpecModel:
         self.tree = TreeShape.from_recipe(dataclasses.asdict(spec.tree)) if spec.mode == "tree" else None
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
         self.eos_ids = set(m.tokenizer.eos_token_ids)
-        self.target = Target(self._load_graph("target"), self.bundle.graph("target").outputs)
         # kernels are chosen per CPU at run time: from how many rows on does the target's give a row the same bits
         # in passes of any size here? Its 1-token passes are padded to that many rows; None: no size is enough
         wq = self.bundle.graph("target").facts.get("weight_quant")
         self.min_pass_rows = min_pass_rows_here(wq) if m.backend == "onnxruntime" else 1
-        self.target.step.min_rows = self.min_pass_rows or 1
+        self.target = Target(self._load_graph("target", self.min_pass_rows or 1), self.bundle.graph("target").outputs)
         self.draft_method = m.draft.method
         self.drafter = build_drafter(self.draft_method, DraftContext(
             dataclasses.asdict(recipe.draft), m.draft.graph, m.draft.shares_target_cache, self._load_graph,
@@ -74,12 +73,12 @@ class SpecModel:
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 
-    def _load_graph(self, role: str) -> StepRunner:
+    def _load_graph(self, role: str, min_rows: int = 1) -> StepRunner:
         entry = self.bundle.graph(role)
         if entry is None:
             raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
         return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry.model), self.device,
-                          [i.name for i in entry.inputs], list(entry.outputs))
+                          [i.name for i in entry.inputs], list(entry.outputs), min_rows)
 
     @property
     def verify_head(self) -> bool:

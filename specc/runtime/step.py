@@ -36,8 +36,9 @@ class StepRunner:
     def __init__(self, runner, dims: ModelDims, device: torch.device, input_names: list[str],
                  output_names: list[str] | None = None, min_rows: int = 1):
         self.runner, self.dims, self.device, self.input_names = runner, dims, device, input_names
-        self.output_names, self.min_rows = output_names, min_rows
+        self.output_names, self.min_rows = output_names or [], min_rows
         self.has_tree_mask = "tree_mask" in input_names
+        self.reads_logits = "logits" in self.output_names  # a verification head's graph reads its own
 
     def __call__(self, ids: torch.Tensor, cache: KVCache, logit_index: torch.Tensor,
                  positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
@@ -52,7 +53,7 @@ class StepRunner:
             ids, positions = _repeat_last(ids, pad), _repeat_last(positions, pad)
             tree_mask = _pad_mask(tree_mask, pad) if tree_mask is not None else None
         r = logit_index.shape[1]
-        pad_r = self._columns_short(b, r) if "logits" in self.output_names else 0
+        pad_r = self._columns_short(b, r) if self.reads_logits else 0
         if pad_r:
             logit_index = _repeat_last(logit_index, pad_r)
         values = {"input_ids": ids, "position_ids": positions, "cache_len": cache.lengths,

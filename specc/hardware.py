@@ -57,5 +57,6 @@ def describe(info: dict) -> list[str]:
                                       "emulated (no AVX512-BF16/AMX): train-head --dtype bfloat16 is slower "
                                       "than float32 here"),
             "  int8 dot products: " + ("native (VNNI/AMX or Arm dot product)" if info["int8_dot_product"] else
-                                       "none (no VNNI/AMX): int8-gemm targets run on plain integer kernels (AVX2 on x86); "
-                                       "compare with int4 using specc tune")]
+                                       "none (no VNNI/AMX): each verify row of an int4 or int8-gemm target is expensive "
+                                       "(AVX2: ~1/3 of a decode pass, docs/quantization.md), so short chains pay best: "
+                                       "let specc tune pick k, and try draft.stop_below")]

@@ -27,7 +27,8 @@ def test_cpu_flags_decide_native_bfloat16_and_int8(tmp_path):
     epyc = _cpu(tmp_path, EPYC_ZEN3)
     assert epyc["flags"] == ["avx2"] and not epyc["native_bfloat16"] and not epyc["int8_dot_product"]
     text = "\n".join(describe(epyc))
-    assert "emulated" in text and "--dtype bfloat16 is slower than float32" in text and "AVX2" in text
+    assert "emulated" in text and "--dtype bfloat16 is slower than float32" in text
+    assert "each verify row" in text and "specc tune" in text  # the int8 advice: short chains
     arm = _cpu(tmp_path, GRAVITON3)
     assert arm["native_bfloat16"] and arm["int8_dot_product"] and "sve" in arm["flags"]
     assert "native" in describe(spr)[1] and describe(spr)[2].startswith("  int8 dot products: native")

@@ -86,7 +86,7 @@ class LazyBundles(dict):
 
     def __missing__(self, name: str) -> Path:
         target, draft, extra = self.recipes[name]
-        self[name] = built_once(self.factory, f"bundles/{name}", lambda out: build_bundle(out, target, draft, **dict(extra)))
+        self[name] = built_once(self.factory, f"bundles/{name}", lambda out: build_bundle(out, target, draft, **extra))
         return self[name]
 
 

@@ -164,7 +164,7 @@ def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch)
     path, model = target
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [3, 4], [14, 15, 16]]
-    whole = generate(model, tok, prompts, 6, batch=2)
+    whole, _ = generate(model, tok, prompts, 6, batch=2)
     journal, calls, real = tmp_path / "answers.jsonl", [], model.generate
 
     def flaky(*args, **kwargs):
@@ -181,12 +181,56 @@ def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch)
     journal.write_text(journal.read_text() + '{"ids": [1, 2')  # and half a line of the second
     calls.clear()
     interrupt = False
-    assert generate(model, tok, prompts, 6, batch=2, journal=journal) == whole
+    assert generate(model, tok, prompts, 6, batch=2, journal=journal)[0] == whole
     assert len(calls) == 2 and len(journal.read_text().splitlines()) == 5  # batches 2 and 3 only
     other = [[7, 7]] + prompts[1:]  # batches of other prompts, or other batches, are answered again:
     calls.clear()  # by length, batches [0, 1], [3, 4], [2] where the journal holds [1, 3], [0, 4], [2]
     generate(model, tok, other, 6, batch=2, journal=journal)
     assert len(calls) == 2
+
+
+def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeypatch):
+    """The passes that answer record every position's feature and top-K (left-padded batches, the prompt's
+    positions through the LM head again): what the teacher pass computes over the same tokens, up to float
+    rounding. An answer cut by the token limit loses its last token (its pass never ran). A later call
+    reads the records beside the journal; build_data sends only a batch without one to the teacher pass."""
+    from transformers import AutoTokenizer
+
+    import specc.training.head_data as hd
+
+    path, model = target
+    tok = AutoTokenizer.from_pretrained(path)
+    texts = ["def f(", "x", "import os\nclass A:", "y =", "for i in"]  # padded in batches of 3
+    monkeypatch.setattr(hd, "training_prompts", lambda cfg: [(t, False) for t in texts])
+    cfg = hd.DataConfig(n_code=5, n_chat=0, new_tokens=6, top_k=4, batch=3)
+    prompts = [hd._encode(tok, t, False, cfg.max_prompt_tokens) for t in texts]
+    journal = tmp_path / f"heads-data-{cfg.key('t')}.answers.jsonl"
+    seqs, recorded = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4)
+    assert sorted(recorded) == list(range(5)) and len({len(p) for p in prompts}) == 5
+    for i, (ids, n_prompt) in enumerate(seqs):
+        n = recorded[i]["length"]
+        assert n == n_prompt + min(len(ids) - n_prompt, 5)
+        taught = hd.teacher_pass(model, [(ids[:n], n_prompt)], 4)
+        torch.testing.assert_close(recorded[i]["features"].float(), taught["features"][0].float(), atol=2e-3, rtol=1e-2)
+        torch.testing.assert_close(recorded[i]["top_val"].float(), taught["top_val"][0].float(), atol=2e-3, rtol=1e-2)
+        assert torch.equal(recorded[i]["top_idx"], taught["top_idx"][0])
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("answered again"))
+    again_seqs, again = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4)
+    assert again_seqs == seqs and all(torch.equal(again[i][k], recorded[i][k]) for i in recorded
+                                      for k in ("features", "top_val", "top_idx"))
+    records = sorted(tmp_path.glob("*.answers.batch-*.safetensors"))
+    assert len(records) == 2
+    records[1].unlink()  # the longer prompts' batch, as if journaled before answers recorded their data
+    data, _ = hd.build_data(model, tok, "t", cfg, tmp_path)
+    lengths = data["valid"].sum(1).tolist()
+    by_teacher = [i for i in range(5) if lengths[i] == len(seqs[i][0]) != recorded[i]["length"]]
+    assert by_teacher and all(lengths[i] in (recorded[i]["length"], len(seqs[i][0])) for i in range(5))
+    for i in range(5):
+        assert data["tokens"][i, :lengths[i]].tolist() == seqs[i][0][:lengths[i]]
+        assert int(data["answer"][i].sum()) == lengths[i] - seqs[i][1]
+        if i not in by_teacher:
+            assert torch.equal(data["features"][i, :lengths[i]], recorded[i]["features"])
+    assert [p.name for p in tmp_path.iterdir()] == [f"heads-data-{cfg.key('t')}.safetensors"]
 
 
 def test_eagle_training_unroll_drafts_as_the_runtime_does(target):

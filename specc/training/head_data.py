@@ -1,5 +1,7 @@
-"""Self-distillation data for draft heads, cached to disk in safetensors: one forward pass of the
-target over every sequence records its features and its own next-token top-K (the labels).
+"""Self-distillation data for draft heads, cached to disk in safetensors: the target's features at every
+position of every sequence and its own next-token top-K there (the labels). The passes that answer a
+prompt record them as they go; a separate teacher pass (one forward pass per sequence) covers text
+windows and answers journaled without them.
 
 Sequences come from one of two sources:
 - answers: the target answers offline prompts greedily (function openings from every Python
@@ -181,59 +183,163 @@ def _journal_rows(journal: Path | None, prompts: list[list[int]],
     return out
 
 
-def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int,
-             journal: Path | None = None) -> list[tuple[list[int], int]]:
+class _Recorder:
+    """Forward hooks that keep, while `model.generate` answers a batch, what the teacher pass would compute
+    for it: every position's feature (the final norm's output) and the target's top-K next-token logits
+    (from the LM head's own output where generate computes it, the prompt's other positions through the
+    LM head once more, in row chunks)."""
+
+    def __init__(self, model, top_k: int):
+        self.model, self.top_k, self.calls = model, top_k, []
+        self.hooks = [model.model.norm.register_forward_hook(self._norm),
+                      model.lm_head.register_forward_hook(self._logits)]
+
+    def _norm(self, _module, _args, out) -> None:
+        self.calls.append({"hidden": out.detach()})
+
+    def _logits(self, _module, _args, out) -> None:
+        top = torch.topk(out.detach().float(), self.top_k, -1)
+        self.calls[-1]["top"] = (top.values, top.indices)
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+
+    @torch.no_grad()
+    def rows(self, group: list[list[int]], answers: list[list[int]], width: int) -> list[dict] | None:
+        """Per prompt of the batch: the data of its first L positions (prompt + the answer tokens generate
+        fed back; an answer cut by the token limit loses its last token, whose pass never ran); None if
+        the calls are not one prompt pass and then one-token steps (the teacher pass computes the batch)."""
+        calls, self.calls = self.calls, []
+        if (not calls or calls[0]["hidden"].shape[1] != width or any(c["hidden"].shape[1] != 1 for c in calls[1:])
+                or any("top" not in c or c["top"][0].shape[1] > c["hidden"].shape[1] for c in calls)):
+            return None
+        prompt, steps = calls[0], len(calls) - 1
+        known = prompt["top"][0].shape[1]  # the prompt positions whose logits generate computed (the last ones)
+        vals, idx = [], []
+        for lo in range(0, width - known, 64):  # the others, 64 positions of every row at a time
+            hi = min(width - known, lo + 64)
+            head = self.model.lm_head  # called as a function: its hook records generate's own calls
+            logits = torch.nn.functional.linear(prompt["hidden"][:, lo:hi], head.weight, head.bias)
+            top = torch.topk(logits.float(), self.top_k, -1)
+            vals.append(top.values)
+            idx.append(top.indices)
+        top_val = torch.cat(vals + [prompt["top"][0]] + [c["top"][0] for c in calls[1:]], 1)
+        top_idx = torch.cat(idx + [prompt["top"][1]] + [c["top"][1] for c in calls[1:]], 1)
+        hidden = torch.cat([c["hidden"] for c in calls], 1)
+        out = []
+        for r, (p, answer) in enumerate(zip(group, answers)):
+            pad, n = width - len(p), len(p) + min(len(answer), steps)
+            out.append({"length": n, "features": hidden[r, pad:pad + n].half(),
+                        "top_val": top_val[r, pad:pad + n].half(), "top_idx": top_idx[r, pad:pad + n].int()})
+        return out
+
+
+def _record_path(journal: Path | None, batch: int) -> Path | None:
+    return journal.with_name(f"{journal.stem}.batch-{batch:05d}.safetensors") if journal is not None else None
+
+
+def _save_record(path: Path, indices: list[int], rows: list[dict]) -> None:
+    width = max(r["length"] for r in rows)
+    tensors = {"index": torch.tensor(indices), "length": torch.tensor([r["length"] for r in rows])}
+    for k in ("features", "top_val", "top_idx"):
+        tensors[k] = torch.stack([torch.nn.functional.pad(r[k], (0, 0, 0, width - r["length"])) for r in rows])
+    save_file(tensors, str(path.with_suffix(".partial")))
+    path.with_suffix(".partial").rename(path)
+
+
+def _load_record(path: Path | None, indices: list[int], rows: dict, top_k: int, hidden: int) -> dict[int, dict]:
+    """A batch's recorded data, if it was saved for exactly these prompts and answers; else nothing."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        t = load_file(str(path))
+        ok = (t["index"].tolist() == indices and t["features"].shape[-1] == hidden and t["top_idx"].shape[-1] == top_k
+              and all(rows[i][1] <= n <= len(rows[i][0]) for i, n in zip(indices, t["length"].tolist())))
+    except Exception:  # a file cut short by the interruption: the teacher pass computes the batch
+        return {}
+    if not ok:
+        return {}
+    return {i: {"length": n, **{k: t[k][r, :n] for k in ("features", "top_val", "top_idx")}}
+            for r, (i, n) in enumerate(zip(indices, t["length"].tolist()))}
+
+
+def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int, journal: Path | None = None,
+             top_k: int | None = None) -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
     """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt, in the
     prompts' order. Batches hold prompts of similar length (sorted), so little of a batch is padding.
 
-    With a journal, every finished batch is appended to it and a later call with the same prompts starts
-    after the batches it holds (hours of answers from a 1.5B target survive an interrupted run; the
-    batches are the same, so the answers are those of an uninterrupted run)."""
+    With `top_k`, the passes that answer also record the data of the teacher pass (`_Recorder`): returned
+    by prompt index as {length, features, top_val, top_idx}, for the first `length` tokens of its sequence.
+
+    With a journal, every finished batch is appended to it (and its record saved beside it) and a later call
+    with the same prompts starts after the batches it holds (hours of answers from a 1.5B target survive an
+    interrupted run; the batches are the same, so the answers are those of an uninterrupted run)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     batches = [order[lo:lo + batch] for lo in range(0, len(order), batch)]
     rows = _journal_rows(journal, prompts, batches)
     todo = [j for j, b in enumerate(batches) if not all(i in rows for i in b)]
+    recorded: dict[int, dict] = {}
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
         journal.write_text("".join(_journal_line(j, i, *rows[i]) for j, b in enumerate(batches) if j not in todo
                                    for i in b))
+        if top_k is not None:
+            for j, b in enumerate(batches):
+                if j not in todo:
+                    recorded.update(_load_record(_record_path(journal, j), b, rows, top_k, model.config.hidden_size))
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
     # the prompt pass hands the LM head its last positions as a strided view, which torch multiplies as a
     # batched matmul over a copy of the weight per row (7.5 GB at 16 rows of a 1.5B target in bfloat16)
     contiguous = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
-    for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
-        group = [prompts[i] for i in batches[j]]
-        width = max(map(len, group))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=pad)
-        for i, p, row in zip(batches[j], group, gen[:, width:].tolist()):
-            answer = []
-            for t in row:
-                if t in eos:
-                    break
-                answer.append(t)
-            rows[i] = (p + answer, len(p))
-        if journal is not None:
-            with journal.open("a") as f:
-                f.writelines(_journal_line(j, i, *rows[i]) for i in batches[j])
-    contiguous.remove()
-    return [rows[i] for i in range(len(prompts))]
+    recorder = _Recorder(model, top_k) if top_k is not None else None
+    try:
+        for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
+            group = [prompts[i] for i in batches[j]]
+            width = max(map(len, group))
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=pad)
+            answers = []
+            for i, p, row in zip(batches[j], group, gen[:, width:].tolist()):
+                answer = []
+                for t in row:
+                    if t in eos:
+                        break
+                    answer.append(t)
+                rows[i] = (p + answer, len(p))
+                answers.append(answer)
+            record = recorder.rows(group, answers, width) if recorder else None
+            if record is not None:
+                recorded.update(dict(zip(batches[j], record)))
+                if journal is not None:
+                    _save_record(_record_path(journal, j), batches[j], record)
+            if journal is not None:
+                with journal.open("a") as f:
+                    f.writelines(_journal_line(j, i, *rows[i]) for i in batches[j])
+    finally:
+        contiguous.remove()
+        if recorder:
+            recorder.remove()
+    return [rows[i] for i in range(len(prompts))], recorded
+
+
+def _empty(n: int, width: int, hidden: int, top_k: int) -> dict:
+    return {"tokens": torch.zeros(n, width, dtype=torch.long), "valid": torch.zeros(n, width, dtype=torch.bool),
+            "answer": torch.zeros(n, width, dtype=torch.bool), "features": torch.zeros(n, width, hidden, dtype=torch.float16),
+            "top_val": torch.zeros(n, width, top_k, dtype=torch.float16),
+            "top_idx": torch.zeros(n, width, top_k, dtype=torch.int32)}
 
 
 @torch.no_grad()
 def _features(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None,
               bar: tqdm) -> dict:
     """The teacher pass over seqs, padded to their own longest (see teacher_pass)."""
-    width, n = max(len(s) for s, _ in seqs), len(seqs)
     hidden = model.config.hidden_size * (len(feature_layers) if feature_layers else 1)
-    data = {"tokens": torch.zeros(n, width, dtype=torch.long), "valid": torch.zeros(n, width, dtype=torch.bool),
-            "answer": torch.zeros(n, width, dtype=torch.bool), "features": torch.zeros(n, width, hidden, dtype=torch.float16),
-            "top_val": torch.zeros(n, width, top_k, dtype=torch.float16),
-            "top_idx": torch.zeros(n, width, top_k, dtype=torch.int32)}
+    data = _empty(len(seqs), max(len(s) for s, _ in seqs), hidden, top_k)
     for i, (ids, n_prompt) in enumerate(seqs):
         t = len(ids)
         out = model.model(torch.tensor([ids]), output_hidden_states=bool(feature_layers))
@@ -295,6 +401,27 @@ def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_l
                           for p in pieces]) for k in pieces[0]}
 
 
+def _merge(seqs: list[tuple[list[int], int]], recorded: dict[int, dict], rest: list[int], taught: dict | None,
+           top_k: int, hidden: int) -> dict:
+    """One data set in the sequences' order: recorded rows (their first `length` tokens) and the teacher
+    pass's rows (`taught`, over seqs[rest])."""
+    if not recorded:
+        return taught
+    lengths = [recorded[i]["length"] if i in recorded else len(seqs[i][0]) for i in range(len(seqs))]
+    data = _empty(len(seqs), max(lengths), hidden, top_k)
+    for j, i in enumerate(rest):
+        for k, v in taught.items():
+            data[k][i, :v.shape[1]] = v[j]
+    for i, rec in recorded.items():
+        n, (ids, n_prompt) = rec["length"], seqs[i]
+        data["tokens"][i, :n] = torch.tensor(ids[:n])
+        data["valid"][i, :n] = True
+        data["answer"][i, n_prompt:n] = True
+        for k in ("features", "top_val", "top_idx"):
+            data[k][i, :n] = rec[k]
+    return data
+
+
 def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
                feature_layers: list[int] | None = None) -> tuple[dict, dict]:
     """The cached data set for (model, cfg), generating it on first use; returns (tensors, info)."""
@@ -304,12 +431,16 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
         return load_file(str(path)), {"cache": str(path), "reused": True}
     if cfg.dtype != "float32":  # a copy: the head keeps the float32 target's embedding and LM head rows
         model = copy.deepcopy(model).to(DTYPES[cfg.dtype])
+    recorded: dict[int, dict] = {}
     if cfg.source == "text":
         seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len)]
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
-        seqs = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"))
-    data = teacher_pass(model, seqs, cfg.top_k, feature_layers, parts=path)
+        seqs, recorded = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"),
+                                  top_k=None if feature_layers else cfg.top_k)
+    rest = [i for i in range(len(seqs)) if i not in recorded]  # answers journaled before recording, and text
+    taught = teacher_pass(model, [seqs[i] for i in rest], cfg.top_k, feature_layers, parts=path) if rest else None
+    data = _merge(seqs, recorded, rest, taught, cfg.top_k, model.config.hidden_size)
     if cfg.source == "text":  # measurable where the text is what the target would have written
         argmax = data["top_idx"][..., 0].long()
         data["answer"][:, 1:] = (data["tokens"][:, 1:] == argmax[:, :-1]) & data["valid"][:, 1:]
@@ -318,6 +449,6 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     save_file({k: v.contiguous() for k, v in data.items()}, str(tmp))
     tmp.rename(path)
     path.with_suffix(".answers.jsonl").unlink(missing_ok=True)
-    for part in cache.glob(f"{path.stem}.teacher-*"):
+    for part in [*cache.glob(f"{path.stem}.teacher-*"), *cache.glob(f"{path.stem}.answers.batch-*")]:
         part.unlink()
     return data, {"cache": str(path), "reused": False}

@@ -91,7 +91,10 @@ class TreeSpec:
     paths: list | None = _f(None, "static tree: list of branch paths, e.g. [[0], [1], [0, 0]] (Medusa choices)")
     depth: int = _f(4, "dynamic tree: levels drafted", lo=1, hi=MAX_TREE_DEPTH)
     branching: int = _f(2, "dynamic tree: children kept per node (top-k of the draft)", lo=1, hi=MAX_TREE_BRANCHING)
-    max_nodes: int = _f(16, "dynamic tree: most draft nodes verified in one target pass", lo=1, hi=MAX_TREE_NODES)
+    max_nodes: int = _f(16, "dynamic tree: most draft nodes drafted, and verified in one target pass", lo=1, hi=MAX_TREE_NODES)
+    verify_nodes: int | None = _f(None, "dynamic tree, EAGLE-2 style: grow only each level's `branching` most likely nodes "
+                                        "(up to max_nodes drafted), then verify the verify_nodes most likely of them "
+                                        "(greedy rows; sampled rows verify all they drafted)", lo=1, hi=MAX_TREE_NODES)
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,8 @@ def _check_consistency(r: Recipe) -> None:
         try:
             TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
         except ValueError as exc:
-            raise RecipeError("speculation.tree.paths", str(exc)) from None
+            field = "verify_nodes" if "verify_nodes" in str(exc) else "paths"
+            raise RecipeError(f"speculation.tree.{field}", str(exc)) from None
 
 
 _TARGET_QUANT_BACKENDS = {

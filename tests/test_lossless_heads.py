@@ -55,6 +55,21 @@ def test_greedy_equals_target_only(head_bundles, name):
         assert 0 < stats["lookup_rounds"] < stats["rounds"]
 
 
+@pytest.mark.parametrize("name", ["eagle_tree", "medusa_tree"])
+def test_reranked_trees_greedy_equal_target_only(head_bundles, monkeypatch, name):
+    """EAGLE-2 style: each level grows its 2 best nodes, 6 drafted, the 3 most likely verified; the
+    rerank really prunes (trees of more than 3 nodes come to it) and output stays target-only's."""
+    from specc.runtime import scheduler
+    from specc.speculation.tree import TreeShape
+
+    sizes, real = [], scheduler.rerank
+    monkeypatch.setattr(scheduler, "rerank", lambda t, n: sizes.append(t.size) or real(t, n))
+    _, bundles = head_bundles
+    shape = TreeShape(None, depth=3, branching=2, max_nodes=6, verify_nodes=3)
+    assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None, tree=shape)
+    assert max(sizes) > 3
+
+
 def test_eagle_behind_lookup_greedy_under_flipping_k(head_bundles, monkeypatch):
     """k auto, with a policy that changes k (0 included) and the arm (lookup alone, the head alone)
     every round: the head's features stay in step whatever drafted the rounds before."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.speculation.sampling import sample
-from specc.speculation.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled
+from specc.speculation.sampling import RowParams, SamplingParams, sample
+from specc.speculation.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled, expand_level, rerank
 
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue
 
@@ -96,3 +96,46 @@ def test_tree_shape_validation():
     with pytest.raises(ValueError, match="depth 1..16"):
         TreeShape.parse("17,2,8")
     assert TreeShape.from_recipe({"paths": None, "depth": 3, "branching": 2, "max_nodes": 10}).size == 10
+    assert TreeShape.parse("5,3,24,12") == TreeShape(None, 5, 3, 24, 12)
+    with pytest.raises(ValueError, match="verify_nodes 1..max_nodes"):
+        TreeShape.parse("3,2,8,9")
+    with pytest.raises(RecipeError, match=r"speculation.tree.verify_nodes.*above max_nodes"):
+        parse_recipe({"target": {"model": "m"}, "draft": {"method": "model", "model": "d"},
+                      "speculation": {"mode": "tree", "tree": {"max_nodes": 6, "verify_nodes": 7}}})
+    with pytest.raises(RecipeError, match=r"speculation.tree.verify_nodes.*static paths"):
+        parse_recipe({"target": {"model": "m"}, "draft": {"method": "model", "model": "d"},
+                      "speculation": {"mode": "tree", "tree": {"paths": [[0]], "verify_nodes": 1}}})
+
+
+def test_rerank_keeps_the_most_likely_nodes_as_a_tree():
+    """EAGLE-2's rerank: the n nodes of highest path score, in creation order, renumbered with their
+    parents, depths, paths and candidate ranks; a tree of n nodes or fewer is kept as it is."""
+    t = DraftTree([9])
+    a = t.add(0, 1, -0.1, 0)   # score -0.1
+    b = t.add(0, 2, -2.0, 1)   # -2.0
+    c = t.add(a, 3, -0.2, 0)   # -0.3
+    t.add(a, 4, -1.5, 1)       # -1.6
+    t.add(b, 5, -0.1, 0)       # -2.1
+    t.add(c, 6, -0.5, 0)       # -0.8
+    out = rerank(t, 3)
+    assert out.tokens == [9, 1, 3, 6] and out.parent == [-1, 0, 1, 2] and out.depth == [0, 1, 2, 3]
+    assert out.path == [(), (0,), (0, 0), (0, 0, 0)] and out.children == {0: [1], 1: [2], 2: [3]}
+    assert [round(x, 6) for x in out.score] == [0.0, -0.1, -0.3, -0.8]
+    out = rerank(t, 5)  # -1.6 (token 4) before -2.0 (token 2): a's second child, then b
+    assert out.tokens == [9, 1, 2, 3, 4, 6] and out.children == {0: [1, 2], 1: [3, 4], 3: [5]}
+    assert out.path[4] == (0, 1) and out.path[2] == (1,)
+    assert rerank(t, 6) is t
+
+
+def test_eagle2_growth_expands_only_the_best_nodes_of_each_level():
+    """With verify_nodes, a level grows only its `branching` most likely nodes (the budget alone would
+    let more grow); without, every frontier node grows while the budget lasts."""
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2, 1e-9])).expand(1, 3, 4)  # [B, frontier, V]
+    greedy = RowParams.of([SamplingParams(0.0)])
+    for verify, grown in ((None, 3), (4, 2)):
+        shape = TreeShape(None, depth=2, branching=2, max_nodes=12, verify_nodes=verify)
+        t = DraftTree([0])
+        frontier = [[t.add(0, tok, lq, r) for r, (tok, lq) in enumerate([(1, -0.1), (2, -0.5), (3, -0.9)])]]
+        new = expand_level([t], frontier, logits, greedy, shape, 2, torch.zeros(1, 16))[0]
+        assert len({t.parent[n] for n in new}) == grown and len(new) == 2 * grown
+

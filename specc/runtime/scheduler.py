@@ -18,7 +18,7 @@ import torch
 from ..errors import RequestError
 from ..limits import MAX_K, auto_k_max
 from ..speculation.sampling import probs_from_logits
-from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, tree_tensors
+from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, rerank, tree_tensors
 from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
 from .kv_cache import KVCache
 from .state import Batch, Request
@@ -243,6 +243,8 @@ class Scheduler:
         params, shape, cache = batch.params, self.tree, batch.cache
         with self._timed("draft_seconds"):
             trees = self.drafter.propose_tree(batch, shape, params)
+            if shape.verify_nodes is not None:
+                trees = [rerank(t, shape.verify_nodes) if params.greedy[b] else t for b, t in enumerate(trees)]
         with self._timed("target_seconds"):
             ids, depth, mask = tree_tensors(trees, first=0, device=cache.lengths.device)
             cache.ensure(int(cache.lengths.max()) + ids.shape[1])

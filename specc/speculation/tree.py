@@ -25,19 +25,29 @@ from .sampling import RowParams, probs_from_logits, sample
 
 @dataclass(frozen=True)
 class TreeShape:
-    """Static paths (Medusa-style choices) or a dynamic top-k expansion (depth, branching, max_nodes)."""
+    """Static paths (Medusa-style choices) or a dynamic top-k expansion (depth, branching, max_nodes).
+
+    With verify_nodes (EAGLE-2), a dynamic tree expands only each level's `branching` most likely nodes,
+    up to max_nodes drafted, and greedy rows verify only their verify_nodes most likely nodes (`rerank`)."""
 
     paths: tuple[tuple[int, ...], ...] | None = None
     depth: int = 4
     branching: int = 2
     max_nodes: int = 16
+    verify_nodes: int | None = None
 
     @classmethod
     def from_recipe(cls, tree: dict) -> "TreeShape":
         """From the recipe's speculation.tree mapping; ValueError says what is wrong with static paths."""
         paths = tree.get("paths")
         if paths is None:
-            return cls(None, tree["depth"], tree["branching"], tree["max_nodes"])
+            verify = tree.get("verify_nodes")
+            if verify is not None and verify > tree["max_nodes"]:
+                raise ValueError(f"verify_nodes {verify} is above max_nodes {tree['max_nodes']} (the nodes drafted); "
+                                 "allowed: 1..max_nodes")
+            return cls(None, tree["depth"], tree["branching"], tree["max_nodes"], verify)
+        if tree.get("verify_nodes") is not None:
+            raise ValueError("verify_nodes reranks a dynamic tree (depth, branching, max_nodes); static paths are verified whole")
         if not isinstance(paths, list) or not paths or not all(
             isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool)
                                               and 0 <= i <= MAX_TREE_CHILD_INDEX for i in p) for p in paths
@@ -56,19 +66,25 @@ class TreeShape:
     def label(self) -> str:
         if self.paths:
             return f"tree static {len(self.paths)} nodes, depth {self.depth}"
-        return f"tree depth {self.depth} x {self.branching}, <= {self.max_nodes} nodes"
+        rerank = f", best {self.verify_nodes} verified" if self.verify_nodes else ""
+        return f"tree depth {self.depth} x {self.branching}, <= {self.max_nodes} nodes{rerank}"
 
     @classmethod
     def parse(cls, text: str) -> "TreeShape":
-        """`DEPTH,BRANCHING,MAX_NODES` (the CLI's --tree); ValueError says what is allowed."""
+        """`DEPTH,BRANCHING,MAX_NODES[,VERIFY_NODES]` (the CLI's --tree); ValueError says what is allowed."""
         try:
-            depth, branching, max_nodes = (int(x) for x in text.split(","))
+            numbers = [int(x) for x in text.split(",")]
+            if len(numbers) not in (3, 4):
+                raise ValueError
         except ValueError:
-            raise ValueError(f"{text!r} is not DEPTH,BRANCHING,MAX_NODES (e.g. 3,2,8)") from None
-        if not (1 <= depth <= MAX_TREE_DEPTH and 1 <= branching <= MAX_TREE_BRANCHING and 1 <= max_nodes <= MAX_TREE_NODES):
+            raise ValueError(f"{text!r} is not DEPTH,BRANCHING,MAX_NODES[,VERIFY_NODES] (e.g. 3,2,8 or 5,3,24,12)") from None
+        depth, branching, max_nodes = numbers[:3]
+        verify = numbers[3] if len(numbers) == 4 else None
+        if not (1 <= depth <= MAX_TREE_DEPTH and 1 <= branching <= MAX_TREE_BRANCHING and 1 <= max_nodes <= MAX_TREE_NODES
+                and (verify is None or 1 <= verify <= max_nodes)):
             raise ValueError(f"{text!r}: depth 1..{MAX_TREE_DEPTH}, branching 1..{MAX_TREE_BRANCHING}, "
-                             f"max_nodes 1..{MAX_TREE_NODES}")
-        return cls(None, depth, branching, max_nodes)
+                             f"max_nodes 1..{MAX_TREE_NODES}, verify_nodes 1..max_nodes")
+        return cls(None, depth, branching, max_nodes, verify)
 
     @property
     def size(self) -> int:
@@ -149,6 +165,8 @@ def _expand_node(tree: DraftTree, frontier: list[int], probs: torch.Tensor | Non
     wanted = shape.children_at_level(level)
     if wanted is None:  # dynamic: expand the most likely paths first, within the node budget
         order = sorted(range(len(frontier)), key=lambda i: -tree.score[frontier[i]])
+        if shape.verify_nodes is not None:  # EAGLE-2: only the level's `branching` best nodes grow
+            order = order[:shape.branching]
         counts = {}
         for i in order:
             if tree.size + sum(counts.values()) + shape.branching <= shape.max_nodes:
@@ -172,6 +190,24 @@ def _expand_node(tree: DraftTree, frontier: list[int], probs: torch.Tensor | Non
                 tok = int(sample(q[None], noise[slot:slot + 1])[0])
                 new.append(tree.add(node, tok, float(torch.log(q[tok])), rank))
     return new
+
+
+def rerank(tree: DraftTree, n: int) -> DraftTree:
+    """The tree of the n drafted nodes with the highest path scores (EAGLE-2's rerank; ties go to the
+    earlier node). A node's score is at most its parent's, so every kept node's parent is kept.
+
+    For greedy rows only: pruning sampled candidates by their own draft probabilities would leave
+    candidates that are no longer i.i.d. draws from q, and the sampled acceptance rule needs them to be."""
+    if tree.size <= n:
+        return tree
+    keep = set(sorted(range(1, len(tree.tokens)), key=lambda node: (-tree.score[node], node))[:n])  # parents sort first
+    out, new = DraftTree([tree.tokens[0]]), {0: 0}
+    for node in range(1, len(tree.tokens)):
+        if node in keep:
+            parent = tree.parent[node]
+            rank = len(out.children.get(new[parent], []))
+            new[node] = out.add(new[parent], tree.tokens[node], tree.score[node] - tree.score[parent], rank)
+    return out
 
 
 def tree_tensors(trees: list[DraftTree], first: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--k", type=_k_value, action="append",
                    help="chain speculation length to measure, or auto (adaptive k; repeatable)")
-    p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES to measure on tree bundles (repeatable)")
+    p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES[,VERIFY_NODES] to measure on tree bundles (repeatable; VERIFY_NODES: EAGLE-2 rerank)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
     p.add_argument("--compare", choices=["hf", "llamacpp"], help="hf: also run Hugging Face transformers on the same weights: "

@@ -106,14 +106,17 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         with stages.stage("export target"):
             target_options = dataclasses.replace(base_options, weight_quant=_target_quant(recipe))
             plan = {"target": PlannedGraph(capture("target", target.model, ranges), target_options, "target")}
+        head = None
         if draft_graph:
             with stages.stage("export draft"):
-                plan["draft"] = _plan_draft(recipe, plan["target"].graph, target, draft, base_options, ranges)
+                if method in ("medusa", "eagle"):
+                    head = _load_head(recipe, target)[0]
+                plan["draft"] = _plan_draft(recipe, plan["target"].graph, target, draft, base_options, ranges, head)
 
         with stages.stage("passes"):
             for role, planned in plan.items():
                 if planned.lower_from == role:
-                    for graph_pass in build_pipeline(recipe, role, planned.graph.head.get("hidden_size")):
+                    for graph_pass in build_pipeline(recipe, role, planned.graph.head.get("hidden_size"), head):
                         graph_pass(planned.graph)
             if dump_graphs:
                 _dump(plan, Path(dump_graphs))
@@ -179,7 +182,8 @@ def check_model_fits(recipe: Recipe) -> None:
                           f"{n_layers} layers; allowed: 1 to {n_layers - 1 if isinstance(n_layers, int) else '?'}")
 
 
-def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges) -> PlannedGraph:
+def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges,
+                head: torch.nn.Module | None) -> PlannedGraph:
     method = recipe.draft.method
     quant = dataclasses.replace(base, quantize=recipe.draft.quantize)
     if method == "quantized":
@@ -191,7 +195,7 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
     if method == "early_exit":  # the target traced again; passes cut it after draft.layer
         return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
     if method in ("medusa", "eagle"):  # a learned head over the target's features (passes/add_feature_outputs.py)
-        return PlannedGraph(capture_head("draft", _load_head(recipe, target)[0], ranges), quant, "draft")
+        return PlannedGraph(capture_head("draft", head, ranges), quant, "draft")
     raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, early_exit, none")
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from heads_helpers import make_random_head
+from heads_helpers import make_random_head, write_eagle3_checkpoint
 from specc.errors import ModelError, RecipeError
 from specc.heads.store import load_head
 from specc.recipe import parse_recipe
@@ -106,7 +106,93 @@ def test_published_eagle_layout_imports(target, tmp_path):
     assert out[0].shape == (b, 1, hf.config.vocab_size) and out[1].shape == (b, t, hf.config.hidden_size)
 
 
-def test_pickles_and_eagle3_are_refused(target, tmp_path):
+def _eagle3_reference(t: dict, hf, ids, feats, norm_before_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-3's midlayer written out with plain tensor ops (one sequence, causal, no cache): logits over the
+    full vocabulary (d2t-mapped, the float32 minimum elsewhere) and the fed-back hidden state."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    cfg = hf.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d, n = cfg.hidden_size // heads, ids.shape[1]
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def proj(x, name, h):
+        return (x @ t[f"midlayer.self_attn.{name}.weight"].T).view(1, n, h, d).transpose(1, 2)
+
+    e, hn = rms(hf.model.embed_tokens(ids), t["midlayer.input_layernorm.weight"]), rms(feats, t["midlayer.hidden_norm.weight"])
+    x = torch.cat([e, hn], -1)
+    q, k, v = proj(x, "q_proj", heads), proj(x, "k_proj", kv), proj(x, "v_proj", kv)
+    cos, sin = hf.model.rotary_emb(x, torch.arange(n)[None])
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = repeat_kv(k, heads // kv), repeat_kv(v, heads // kv)
+    scores = (q @ k.transpose(2, 3)) / d ** 0.5 + torch.full((n, n), float("-inf")).triu(1)
+    attn = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(1, n, -1) @ t["midlayer.self_attn.o_proj.weight"].T
+    r = (hn if norm_before_residual else feats) + attn
+    m = rms(r, t["midlayer.post_attention_layernorm.weight"])
+    out = r + (F.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T)) @ t["midlayer.mlp.down_proj.weight"].T
+    reduced = rms(out, t["norm.weight"]) @ t["lm_head.weight"].T
+    full = torch.full((*reduced.shape[:-1], cfg.vocab_size), torch.finfo(torch.float32).min)
+    full[..., torch.arange(reduced.shape[-1]) + t["d2t"]] = reduced
+    return full, out
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_published_eagle3_layout_imports(target, tmp_path, norm_before_residual):
+    """An EAGLE-3 checkpoint (fc 3H -> H, midlayer over [embedding; feature], its own norm and reduced LM head,
+    d2t) computes what its layout defines; fc and the fused layers go to the target graph's feature pass."""
+    from safetensors.torch import load_file
+
+    from specc.heads.eagle3 import Eagle3Head
+
+    path, hf = target
+    vocab = [3, 5, 7] + list(range(40, 200))
+    d = write_eagle3_checkpoint(path, tmp_path / "e3", layer_ids=[1, 1, 1], draft_vocab=vocab,
+                                norm_before_residual=norm_before_residual)
+    head, cfg = load_head(d, hf)
+    assert isinstance(head, Eagle3Head) and cfg["kind"] == "eagle" and cfg["imported"] == "eagle3"
+    assert head.feature_layers == (0, 0, 0) and cfg["feature_layers"] == [0, 0, 0]  # ids name the layer whose input is fused
+    t = load_file(str(d / "model.safetensors"))
+    assert torch.equal(head.fc.weight, t["fc.weight"])
+    n = 5
+    ids, feats = torch.randint(0, 256, (1, n)), torch.randn(1, n, hf.config.hidden_size)
+    with torch.no_grad():
+        logits, hidden, _, _ = head(ids, feats, torch.arange(n)[None], torch.zeros(1, dtype=torch.long),
+                                    torch.arange(n)[None], head.empty_cache(1), head.empty_cache(1))
+        want_logits, want_hidden = _eagle3_reference(t, hf, ids, feats, norm_before_residual)
+    torch.testing.assert_close(hidden, want_hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_eagle3_checkpoints_with_problems_are_refused(target, tmp_path):
+    path, hf = target
+    cases = [
+        (dict(layer_ids=[1, 1, 2]), "eagle_aux_hidden_state_layer_ids .* 1..1"),
+        (dict(), "eagle_aux_hidden_state_layer_ids"),  # the default (2, L // 2, L - 3) does not fit 2 layers
+    ]
+    for i, (kwargs, message) in enumerate(cases):
+        d = write_eagle3_checkpoint(path, tmp_path / f"c{i}", **kwargs)
+        with pytest.raises(ModelError, match=message):
+            load_head(d, hf)
+    d = write_eagle3_checkpoint(path, tmp_path / "d2t", layer_ids=[1, 1, 1], draft_vocab=[3, 4, 5])
+    t = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(d / "model.safetensors"))
+    save_file({**t, "d2t": torch.tensor([0, 0, -1])}, str(d / "model.safetensors"))  # two draft ids on target id 4
+    with pytest.raises(ModelError, match="d2t does not map"):
+        load_head(d, hf)
+    save_file({k: v for k, v in t.items() if k != "norm.weight"}, str(d / "model.safetensors"))
+    with pytest.raises(ModelError, match=r"missing \['norm.weight'\]"):
+        load_head(d, hf)
+    save_file({**t, "layers.1.mlp.up_proj.weight": torch.zeros(2)}, str(d / "model.safetensors"))
+    with pytest.raises(ModelError, match="unexpected"):
+        load_head(d, hf)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
+    with pytest.raises(ModelError, match="one-layer EAGLE-3"):
+        load_head(d, hf)
+
+
+def test_pickles_are_refused(target, tmp_path):
     path, hf = target
     d = tmp_path / "pickled"
     d.mkdir()
@@ -114,13 +200,7 @@ def test_pickles_and_eagle3_are_refused(target, tmp_path):
     (d / "medusa_lm_head.pt").write_bytes(b"\x80\x04not really")
     with pytest.raises(ModelError, match="pickled weights .*does not unpickle"):
         load_head(d, hf)
-    d3 = tmp_path / "eagle3"
-    d3.mkdir()
-    save_file({"midlayer.self_attn.q_proj.weight": torch.zeros(2, 2), "fc.weight": torch.zeros(2, 2), "d2t": torch.zeros(2)},
-              str(d3 / "model.safetensors"))
-    (d3 / "config.json").write_text(json.dumps({"hidden_size": hf.config.hidden_size}))
-    with pytest.raises(ModelError, match="EAGLE-3"):
-        load_head(d3, hf)
+    d3 = write_eagle3_checkpoint(path, tmp_path / "eagle3", layer_ids=[1, 1, 1])
     with pytest.raises(ModelError, match="hidden size 7"):
         (d3 / "config.json").write_text(json.dumps({"hidden_size": 7}))
         load_head(d3, hf)

@@ -1,12 +1,13 @@
-"""Medusa and EAGLE heads are lossless: greedy output equals target-only (chain and tree, batch > 1)
-and sampled output has the target's distribution; the sampling check fails for a broken rule."""
+"""Medusa and EAGLE heads (EAGLE-3 checkpoints too) are lossless: greedy output equals target-only
+(chain and tree, batch > 1) and sampled output has the target's distribution; the sampling check fails
+for a broken rule."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from conftest import build_bundle
-from heads_helpers import make_random_head
+from heads_helpers import make_random_head, write_eagle3_checkpoint
 from lossless_checks import assert_greedy_lossless, token_prompts
 from specc.runtime.drafters import heads as head_drafters
 from specc.speculation import sampling
@@ -26,6 +27,8 @@ def head_bundles(tmp_path_factory):
     target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
     medusa = {"method": "medusa", "head": str(make_random_head("medusa", target, root / "medusa", n_heads=3))}
     eagle = {"method": "eagle", "head": str(make_random_head("eagle", target, root / "eagle", scale=1.0))}
+    eagle3 = {"method": "eagle", "head": str(write_eagle3_checkpoint(target, root / "eagle3", scale=0.5, layer_ids=[1, 1, 1],
+                                                                     draft_vocab=list(range(2, VOCAB))))}
     limits = {"max_batch": 512, "max_context": 64}
     return target, {
         "medusa_chain": build_bundle(root / "mc", target, medusa, limits=limits, backend="torch", speculation={"k": 3}),
@@ -37,11 +40,13 @@ def head_bundles(tmp_path_factory):
                                      backend="torch", speculation={"k": 3}),
         "medusa_tree": build_bundle(root / "mt", target, medusa, limits=limits, backend="torch", speculation=STATIC),
         "eagle_tree": build_bundle(root / "et", target, eagle, limits=limits, backend="torch", speculation=DYNAMIC),
+        "eagle3_chain": build_bundle(root / "e3c", target, eagle3, limits=limits, speculation={"k": 3}),
+        "eagle3_tree": build_bundle(root / "e3t", target, eagle3, limits=limits, backend="torch", speculation=DYNAMIC),
     }
 
 
 @pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "medusa_tree", "eagle_tree", "eagle_lookup", "eagle_int4",
-                                  "medusa_int8"])
+                                  "medusa_int8", "eagle3_chain", "eagle3_tree"])
 def test_greedy_equals_target_only(head_bundles, name):
     _, bundles = head_bundles
     if name in ("eagle_int4", "medusa_int8"):  # draft.quantize: the head's own graph is quantised, the target is not
@@ -102,7 +107,7 @@ def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch)
     assert plain > 0
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup",  # trees: per-row Python tree growth over 512 rows
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup", "eagle3_chain",  # trees: per-row Python tree growth over 512 rows
                                   pytest.param("eagle_tree", marks=[pytest.mark.slow, pytest.mark.heavy]),
                                   pytest.param("medusa_tree", marks=[pytest.mark.slow, pytest.mark.heavy])])
 def test_sampled_output_has_target_distribution(head_bundles, name):
@@ -128,7 +133,7 @@ def _uniform_q(choose):
     return wrong
 
 
-@pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q")])
+@pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q"), ("eagle3_chain", "wrong_q")])
 def test_broken_rule_is_caught(head_bundles, monkeypatch, name, broken):
     if broken == "accept_all":
         monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)

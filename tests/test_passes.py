@@ -157,13 +157,20 @@ def test_add_feature_outputs_returns_every_tokens_features(hf):
     from specc.passes.add_feature_outputs import AddFeatureOutputs
 
     ids = torch.randint(0, 256, (2, 7))
+    last = []  # the last layer's output before the final norm (HF's hidden_states end with the normed one)
+    hook = hf.model.layers[1].register_forward_hook(lambda m, a, out: last.append(out[0] if isinstance(out, tuple) else out))
     with torch.no_grad():
         ref = hf.model(ids, output_hidden_states=True)
+    hook.remove()
     dims = None
+    fc = torch.randn(hf.config.hidden_size, 3 * hf.config.hidden_size) * 0.1  # an EAGLE-3 head's fusion
+    fused = torch.cat([ref.hidden_states[1], last[0], ref.hidden_states[1]], -1) @ fc.T
     # HF's last hidden_states entry is after the final norm; earlier ones are layer outputs
-    for layers, expect in ((None, ref.last_hidden_state), ((0, 0), torch.cat([ref.hidden_states[1]] * 2, -1))):
+    for layers, projection, expect in ((None, None, ref.last_hidden_state),
+                                       ((0, 0), None, torch.cat([ref.hidden_states[1]] * 2, -1)),
+                                       ((0, 1, 0), fc, fused)):
         graph = capture("target", hf, dim_ranges(4, 64))
-        AddFeatureOutputs(layers)(graph)
+        AddFeatureOutputs(layers, projection)(graph)
         assert graph.outputs == ["logits", "new_k", "new_v", "features"]
         dims = graph.dims
         empty = torch.zeros(dims.n_layers, 2, dims.n_kv_heads, 0, dims.head_dim)

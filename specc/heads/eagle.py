@@ -28,10 +28,11 @@ def rms_norm(hidden: int, eps: float) -> StepRMSNorm:
 class HeadAttention(StepAttention):
     """The step graph's attention with its own projections (input width may differ from the output's)."""
 
-    def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool):
-        projections = SimpleNamespace(q_proj=nn.Linear(hidden, n_heads * head_dim, bias=bias),
-                                      k_proj=nn.Linear(hidden, n_kv_heads * head_dim, bias=bias),
-                                      v_proj=nn.Linear(hidden, n_kv_heads * head_dim, bias=bias),
+    def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool, in_width: int | None = None):
+        width = in_width or hidden
+        projections = SimpleNamespace(q_proj=nn.Linear(width, n_heads * head_dim, bias=bias),
+                                      k_proj=nn.Linear(width, n_kv_heads * head_dim, bias=bias),
+                                      v_proj=nn.Linear(width, n_kv_heads * head_dim, bias=bias),
                                       o_proj=nn.Linear(n_heads * head_dim, hidden, bias=False), scaling=head_dim ** -0.5)
         super().__init__(projections, n_heads, n_kv_heads, head_dim, fused_qkv=False, qk_norm=None, norm_offset=0.0,
                          use_rope=True, interleaved_rope=False, softcap=None, sinks=False)
@@ -64,7 +65,38 @@ class EagleLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
 
-class EagleHead(nn.Module):
+class EagleBase(nn.Module):
+    """What EAGLE-1/2 and EAGLE-3 heads share: the step graph's signature around `layer_step` and
+    `reduced_logits`, the cache mask, and the attributes the graph capture and runtime read."""
+
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: VocabMap
+    fc: nn.Linear
+
+    def attention_mask(self, new_mask, cache_len, cache_slots: int):
+        slots = torch.arange(cache_slots, device=cache_len.device)
+        cache_mask = (slots[None, None, :] < cache_len[:, None, None]).expand(-1, new_mask.shape[1], -1)
+        return torch.cat([cache_mask, new_mask], dim=-1)
+
+    def run(self, input_ids, features, position_ids, cache_len, k_cache, v_cache):
+        """Hidden states [B, T, H] and the new KV ([1, B, H_kv, T, D] each)."""
+        mask = self.attention_mask(self.causal_mask(input_ids), cache_len, k_cache.shape[3])
+        h, k, v = self.layer_step(input_ids, features, position_ids, mask, k_cache[0], v_cache[0])
+        return h, k[None], v[None]
+
+    def forward(self, input_ids, features, position_ids, cache_len, logit_index, k_cache, v_cache):
+        h, new_k, new_v = self.run(input_ids, features, position_ids, cache_len, k_cache, v_cache)
+        b, r = logit_index.shape
+        picked = torch.gather(h, 1, logit_index[:, :, None].expand(b, r, h.shape[-1]))
+        return self.vocab(self.reduced_logits(picked)), h, new_k, new_v
+
+    def empty_cache(self, batch: int) -> torch.Tensor:
+        return torch.zeros(1, batch, self.n_kv_heads, 0, self.head_dim, dtype=self.fc.weight.dtype)
+
+
+class EagleHead(EagleBase):
     """The EAGLE-1/2 draft: embed + fc + one decoder layer + LM head, as a step graph (module docstring)."""
 
     def __init__(self, target: nn.Module, draft_vocab: torch.Tensor | None = None, fc_bias: bool = True):
@@ -90,17 +122,6 @@ class EagleHead(nn.Module):
     def trainable(self) -> list[nn.Parameter]:
         return list(self.fc.parameters()) + list(self.layers.parameters())
 
-    def attention_mask(self, new_mask, cache_len, cache_slots: int):
-        slots = torch.arange(cache_slots, device=cache_len.device)
-        cache_mask = (slots[None, None, :] < cache_len[:, None, None]).expand(-1, new_mask.shape[1], -1)
-        return torch.cat([cache_mask, new_mask], dim=-1)
-
-    def run(self, input_ids, features, position_ids, cache_len, k_cache, v_cache):
-        """Hidden states [B, T, H] and the new KV ([1, B, H_kv, T, D] each)."""
-        mask = self.attention_mask(self.causal_mask(input_ids), cache_len, k_cache.shape[3])
-        h, k, v = self.layer_step(input_ids, features, position_ids, mask, k_cache[0], v_cache[0])
-        return h, k[None], v[None]
-
     def layer_step(self, input_ids, features, position_ids, mask, k_cache, v_cache):
         """The layer over fc([embed(ids); features]) with an explicit mask [B, T, S+T] over cache
         ([B, H_kv, S, D]) and new entries: hidden states and the new entries' KV ([B, H_kv, T, D])."""
@@ -110,12 +131,3 @@ class EagleHead(nn.Module):
 
     def reduced_logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.lm_head)
-
-    def forward(self, input_ids, features, position_ids, cache_len, logit_index, k_cache, v_cache):
-        h, new_k, new_v = self.run(input_ids, features, position_ids, cache_len, k_cache, v_cache)
-        b, r = logit_index.shape
-        picked = torch.gather(h, 1, logit_index[:, :, None].expand(b, r, h.shape[-1]))
-        return self.vocab(self.reduced_logits(picked)), h, new_k, new_v
-
-    def empty_cache(self, batch: int) -> torch.Tensor:
-        return torch.zeros(1, batch, self.n_kv_heads, 0, self.head_dim, dtype=self.fc.weight.dtype)

@@ -5,7 +5,7 @@ import torch
 
 from ..capture.graph import InputSpec, StepGraph, export_module
 from ..capture.shapes import DimRanges, ModelDims
-from .eagle import EagleHead
+from .eagle import EagleBase
 from .medusa import MedusaHeads
 
 
@@ -19,7 +19,7 @@ def capture_head(role: str, head: torch.nn.Module, ranges: DimRanges, batch: int
         inputs = [InputSpec("features", torch.randn(batch, tokens, hidden), {0: "batch", 1: "rows"})]
         outputs = ["logits"]
         dims = ModelDims(0, 0, 0, vocab)
-    elif isinstance(head, EagleHead):
+    elif isinstance(head, EagleBase):
         kv = (1, batch, head.n_kv_heads, cache, head.head_dim)
         inputs = [
             InputSpec("input_ids", torch.randint(0, vocab, (batch, tokens)), {0: "batch", 1: "tokens"}),

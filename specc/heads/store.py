@@ -11,6 +11,11 @@ Published layouts (a directory with config.json + safetensors):
     `{i}.{medusa_num_layers}.weight` (each head's own LM head).
   EAGLE-1/2 (SafeAILab/EAGLE): a Llama-style config.json; model.safetensors with `fc.weight|bias`
     and `layers.0.*` (one decoder layer without input_layernorm); `embed_tokens` is the target's.
+  EAGLE-3 (SafeAILab/EAGLE, SpecForge, as vLLM and SGLang load them): a Llama-style config.json
+    (`draft_vocab_size`, optional `eagle_config.eagle_aux_hidden_state_layer_ids`, default
+    (2, L // 2, L - 3): the layers whose input is fused, `norm_before_residual`); safetensors with
+    `fc.weight` [H, 3H], `midlayer.*`, `norm.weight`, `lm_head.weight` [V', H] and `d2t` (draft id i
+    is target id i + d2t[i]); `t2d` and `embed_tokens` are not needed (the target's embedding).
 Pickled weights (.bin, .pt, .pth) are refused: loading them runs arbitrary code.
 """
 from __future__ import annotations
@@ -23,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import ModelError
 from .eagle import EagleHead
+from .eagle3 import Eagle3Head
 from .medusa import MedusaHeads
 
 KINDS = ("medusa", "eagle")
@@ -128,13 +134,13 @@ def load_head(path: str | Path, target) -> tuple[torch.nn.Module, dict]:
     if "medusa_num_heads" in cfg:
         return _import_medusa(path, cfg, target), {**cfg, "kind": "medusa", "imported": "medusa"}
     tensors = _read_tensors(path, ("model.safetensors", "pytorch_model.safetensors"))
-    if any(k.startswith("midlayer.") for k in tensors):
-        raise ModelError(f"head {path} is an EAGLE-3 checkpoint (midlayer.*, d2t); specc imports Medusa and EAGLE-1/2 "
-                         "heads, not EAGLE-3 yet")
+    if any(k.removeprefix("model.").startswith("midlayer.") for k in tensors):
+        head = _import_eagle3(path, cfg, tensors, target)
+        return head, {**cfg, "kind": "eagle", "imported": "eagle3", "feature_layers": list(head.feature_layers)}
     if "fc.weight" in tensors:
         return _import_eagle(path, tensors, target), {**cfg, "kind": "eagle", "imported": "eagle"}
     raise ModelError(f"head {path}: config.json is neither a specc head, a Medusa head (medusa_num_heads) nor an "
-                     "EAGLE head (weights with fc.weight and layers.0.*)")
+                     "EAGLE head (weights with fc.weight and layers.0.*, or EAGLE-3's midlayer.*)")
 
 
 def _load_owned(head: torch.nn.Module, tensors: dict, path: Path) -> None:
@@ -167,3 +173,54 @@ def _import_eagle(path: Path, tensors: dict, target) -> torch.nn.Module:
     head = build_head("eagle", target, fc_bias="fc.bias" in tensors)
     _load_owned(head, tensors, path)
     return head.eval()
+
+
+def _eagle3_layers(path: Path, cfg: dict, n_layers: int) -> tuple[int, ...]:
+    """The target layers whose outputs EAGLE-3's fc fuses: its aux ids name the layer whose *input* is taken."""
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, n_layers // 2, n_layers - 3]
+    if (not isinstance(ids, list) or len(ids) != 3
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i < n_layers for i in ids)):
+        raise ModelError(f"head {path}: eagle_aux_hidden_state_layer_ids {ids!r} must be 3 layer indices in 1..{n_layers - 1} "
+                         f"for this {n_layers}-layer target")
+    return tuple(i - 1 for i in ids)
+
+
+def _import_eagle3(path: Path, cfg: dict, tensors: dict, target) -> torch.nn.Module:
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+    hidden, vocab_size = target.config.hidden_size, target.config.vocab_size
+    if cfg.get("target_hidden_size", hidden) != hidden:
+        raise ModelError(f"head {path} was made for a target of hidden size {cfg['target_hidden_size']}, this one has {hidden}")
+    if int(cfg.get("num_hidden_layers", 1)) != 1:
+        raise ModelError(f"head {path} has {cfg['num_hidden_layers']} draft layers; specc runs one-layer EAGLE-3 heads")
+    if "intermediate_size" not in cfg:
+        raise ModelError(f"head {path}: config.json lacks intermediate_size (an EAGLE-3 head's Llama-style config has it)")
+    head_dim = int(cfg.get("head_dim") or hidden // int(cfg.get("num_attention_heads", target.config.num_attention_heads)))
+    target_dim = getattr(target.config, "head_dim", None) or hidden // target.config.num_attention_heads
+    if head_dim != target_dim:
+        raise ModelError(f"head {path} has head_dim {head_dim}; specc runs EAGLE-3 heads with the target's rotary tables, "
+                         f"which need the target's head_dim {target_dim}")
+    rows = tensors.get("lm_head.weight")
+    if rows is None or rows.dim() != 2 or rows.shape[1] != hidden:
+        raise ModelError(f"head {path}: lm_head.weight must be [draft vocabulary, {hidden}]")
+    draft_vocab = None
+    if "d2t" in tensors:
+        ids = torch.arange(rows.shape[0]) + tensors["d2t"].long().reshape(-1)
+        if (len(ids) != rows.shape[0] or ids.min() < 0 or ids.max() >= vocab_size
+                or len(torch.unique(ids)) != len(ids)):
+            raise ModelError(f"head {path}: d2t does not map its {rows.shape[0]} draft tokens to distinct target ids "
+                             f"in 0..{vocab_size - 1}")
+        draft_vocab = None if len(ids) == vocab_size and torch.equal(ids, torch.arange(vocab_size)) else ids
+    elif rows.shape[0] != vocab_size:
+        raise ModelError(f"head {path}: {rows.shape[0]} LM head rows but no d2t map to the target's {vocab_size} tokens")
+    head = Eagle3Head(target, cfg, draft_vocab, _eagle3_layers(path, cfg, target.config.num_hidden_layers))
+    own = {k for k in head.state_dict() if not k.startswith(("embed_tokens.", "rotary_emb.", "vocab."))}
+    weights = {k: v.float() for k, v in tensors.items() if k in own}
+    missing = sorted(own - set(weights))
+    extra = sorted(set(tensors) - own - {"d2t", "t2d", "embed_tokens.weight"})
+    shapes = [k for k, v in weights.items() if v.shape != head.state_dict()[k].shape]
+    if missing or extra or shapes:
+        raise ModelError(f"head {path}: EAGLE-3 weights do not match its config (missing {missing[:4]}, "
+                         f"unexpected {extra[:4]}, wrong shape {shapes[:4]})")
+    head.load_state_dict(weights, strict=False)
+    return head.eval()
+

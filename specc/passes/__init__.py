@@ -10,8 +10,9 @@ from .replace_causal_mask import ReplaceCausalMask
 from .truncate_to_exit import TruncateToExit
 
 
-def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPass]:
-    """The ordered passes for one graph ("target" or "draft") of this recipe."""
+def build_pipeline(recipe: Recipe, role: str, hidden_size: int, head=None) -> list[GraphPass]:
+    """The ordered passes for one graph ("target" or "draft") of this recipe; `head`: the loaded Medusa or
+    EAGLE head, whose `feature_layers` and `fc` (EAGLE-3) say which features the target returns."""
     passes: list[GraphPass] = []
     if role == "draft" and recipe.draft.method == "early_exit":
         adapter = None
@@ -21,7 +22,8 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int) -> list[GraphPas
             adapter = load_adapter(recipe.draft.adapter, recipe.draft.layer, hidden_size)
         passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]
     if role == "target" and recipe.draft.method in ("medusa", "eagle"):
-        passes.append(AddFeatureOutputs())
+        layers = getattr(head, "feature_layers", None)
+        passes.append(AddFeatureOutputs(layers, head.fc.weight if layers else None))
     if recipe.speculation.mode == "tree" and not (role == "draft" and recipe.draft.method == "medusa"):
         passes.append(ReplaceCausalMask())  # Medusa heads read one feature per row: no attention to mask
     if role == "target" and recipe.speculation.verify_head:

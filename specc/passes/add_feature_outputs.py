@@ -6,7 +6,9 @@ ensures:  output features [B, T, F] for every one of the T new tokens (not only 
   rows: an EAGLE draft needs the features of every prompt token at prefill, and every accepted
   token afterwards). Without `layers`: the last layer's hidden state after the final norm,
   F = hidden (what the LM head reads; what Medusa and EAGLE-1/2 heads are trained on). With
-  `layers` (EAGLE-3): the outputs of those layers before any norm, concatenated, F = len * hidden.
+  `layers` (EAGLE-3): the outputs of those layers before any norm, concatenated, F = len * hidden;
+  with `projection` too (an EAGLE-3 head's fc weight [H', F]), that concatenation times it, F = H'
+  (the head's fusion runs in the target graph, so the head reads one H'-wide feature per token).
   The features come from the same pass as the logits: no extra target pass.
 """
 from __future__ import annotations
@@ -38,8 +40,9 @@ class AddFeatureOutputs(GraphPass):
     requires = (has_output("new_k"), lacks_output("features"))
     ensures = (has_output("features"),)
 
-    def __init__(self, layers: tuple[int, ...] | None = None):
+    def __init__(self, layers: tuple[int, ...] | None = None, projection: torch.Tensor | None = None):
         self.layers = tuple(layers) if layers else None
+        self.projection = projection
 
     def apply(self, graph: StepGraph) -> str:
         n_layers = graph.dims.n_layers
@@ -61,5 +64,13 @@ class AddFeatureOutputs(GraphPass):
             with gm.graph.inserting_before(anchor):
                 node = gm.graph.call_function(torch.cat, (parts, -1))
             what = f"features: outputs of layers {', '.join(map(str, self.layers))} concatenated, every new token"
+            if self.projection is not None:
+                dtype = gm.get_parameter("norm.weight").dtype
+                fc = nn.Linear(self.projection.shape[1], self.projection.shape[0], bias=False)
+                fc.weight = nn.Parameter(self.projection.detach().to(dtype).clone(), requires_grad=False)
+                gm.add_submodule("feature_fc", fc)
+                with gm.graph.inserting_before(anchor):
+                    node = gm.graph.call_module("feature_fc", (node,))
+                what += f", fused by the head's fc ({self.projection.shape[1]} -> {self.projection.shape[0]})"
         graph.set_outputs(graph.outputs + ["features"], out + [node])
         return what

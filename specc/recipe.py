@@ -74,7 +74,7 @@ class DraftSpec:
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1, hi=1 << 16)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     head: str | None = _f(None, "method: medusa or eagle — head directory from `specc train-head`, or a published Medusa / "
-                                "EAGLE-1/2 head (config.json + safetensors)")
+                                "EAGLE-1/2 or EAGLE-3 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized, early_exit or eagle (chain mode): draft by prompt lookup in rounds where "
                              "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)

@@ -110,7 +110,7 @@ def _check_target(path: Path, cfg: dict, target) -> None:
 
 
 def load_head(path: str | Path, target) -> tuple[torch.nn.Module, dict]:
-    """A head from a specc, Medusa or EAGLE-1/2 directory, bound to the target; returns (module, config)."""
+    """A head from a specc, Medusa, EAGLE-1/2 or EAGLE-3 directory, bound to the target; returns (module, config)."""
     path = Path(path)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelError(f"head {path} is not a directory with a config.json (a `specc train-head` output, or a "

@@ -214,7 +214,7 @@ def test_recipe_needs_a_head_for_head_methods():
     parse_recipe({"target": {"model": "t"}, "draft": {"method": "medusa", "head": "h"}, "speculation": {"mode": "tree"}})
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
     from specc.cli import main
 
@@ -232,6 +232,36 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
     assert not list((tmp_path / "cache" / "heads").glob("*.teacher-*"))  # its parts went with the whole
+
+
+def test_trained_eagle3_head_loads_compiles_and_stays_lossless(target, tmp_path, monkeypatch):
+    """`train-head --kind eagle3`: a specc-layout EAGLE-3 head (fc over the default layers) that loads back
+    as it was trained, compiles as draft.method eagle with the fusion in the target graph, and drafts
+    without changing greedy output."""
+    import specc
+    from conftest import build_bundle
+    from specc.cli import main
+    from specc.heads.eagle3 import Eagle3Head
+    from specc.heads.store import head_tensors
+
+    path, hf = target
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
+    assert main(["train-head", str(recipe), "--kind", "eagle3", "--prompts", "8", "--new-tokens", "10", "--steps", "3",
+                 "--draft-vocab", "0", "-o", str(tmp_path / "head")]) == 0
+    head, cfg = load_head(tmp_path / "head", hf)
+    assert isinstance(head, Eagle3Head) and cfg["kind"] == "eagle" and head.feature_layers == (0, 0, 0)
+    saved = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "head" / "model.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in head_tensors(head).items())
+    bundle = build_bundle(tmp_path / "b", path, {"method": "eagle", "head": str(tmp_path / "head")}, backend="torch")
+    model = specc.load(bundle)
+    assert any("fused by the head's fc" in note for note in model.bundle.graph("target").passes)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    fast = model.generate(prompts, max_new_tokens=12)
+    assert model.last_stats.to_dict()["rounds"] > 0
+    slow = model.generate(prompts, max_new_tokens=12, speculative=False)
+    assert [a.token_ids for a in fast] == [b.token_ids for b in slow]
 
 
 def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch):

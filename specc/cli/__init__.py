@@ -273,7 +273,8 @@ def cmd_train_head(args) -> int:
           f"{card['train_seconds']:.0f} s training")
     print("held-out greedy acceptance by position: " + ", ".join(f"{a:.2f}" for a in acc)
           + f" (expected {card['held_out']['expected_accepted_per_round']:.2f} drafts accepted per round)")
-    print(f"head: {output} (config.json, model.safetensors, card.json); use it with draft.method: {args.kind}, "
+    method = "eagle" if args.kind == "eagle3" else args.kind
+    print(f"head: {output} (config.json, model.safetensors, card.json); use it with draft.method: {method}, "
           f"draft.head: {output}")
     return 0
 
@@ -461,7 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train-head", help="train a Medusa or EAGLE draft head on the recipe's target (CPU, self-distillation)")
     p.add_argument("recipe", type=Path, help="recipe whose target.model the head drafts for")
-    p.add_argument("--kind", required=True, choices=("medusa", "eagle"))
+    p.add_argument("--kind", required=True, choices=("medusa", "eagle", "eagle3"),
+                   help="eagle: EAGLE-1/2 (last-layer feature); eagle3: EAGLE-3 (low, middle and high layers fused); "
+                        "both run as draft.method eagle")
     p.add_argument("--prompts", type=int, default=192, help="offline prompts the target answers (half code, half chat)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per answer")
     p.add_argument("--source", choices=("answers", "text"), default="answers",

@@ -28,10 +28,10 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import ModelError
 from .eagle import EagleHead
-from .eagle3 import Eagle3Head
+from .eagle3 import Eagle3Head, default_feature_layers, fresh_eagle3
 from .medusa import MedusaHeads
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "eagle3")
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
@@ -49,6 +49,8 @@ def head_config(head: torch.nn.Module, target) -> dict:
     if isinstance(head, MedusaHeads):
         cfg.update(kind="medusa", medusa_num_heads=head.n_heads, medusa_num_layers=len(head.heads[0]),
                    shared_lm_head=head.lm_heads is None)
+    elif isinstance(head, Eagle3Head):  # runs as draft.method eagle
+        cfg.update(kind="eagle", eagle3=True, feature_layers=list(head.feature_layers))
     else:
         cfg.update(kind="eagle", fc_bias=head.fc.bias is not None)
     return cfg
@@ -74,14 +76,18 @@ def save_head(path: str | Path, head: torch.nn.Module, target, card: dict | None
 
 
 def build_head(kind: str, target, *, n_heads: int = 4, n_layers: int = 1, shared_lm_head: bool = True,
-               draft_vocab: torch.Tensor | None = None, fc_bias: bool = True) -> torch.nn.Module:
-    """A fresh (untrained) head of this kind for this target."""
+               draft_vocab: torch.Tensor | None = None, fc_bias: bool = True,
+               feature_layers: tuple[int, ...] | None = None) -> torch.nn.Module:
+    """A fresh (untrained) head of this kind for this target (eagle3: fusing `feature_layers`, by default
+    EAGLE-3's)."""
     if kind == "medusa":
         cfg = target.config
         return MedusaHeads(cfg.hidden_size, n_heads, n_layers, target.lm_head.weight, cfg.vocab_size, draft_vocab,
                            shared_lm_head)
     if kind == "eagle":
         return EagleHead(target, draft_vocab, fc_bias)
+    if kind == "eagle3":
+        return fresh_eagle3(target, draft_vocab, feature_layers or default_feature_layers(target.config.num_hidden_layers))
     raise ModelError(f"head kind {kind!r} is not known; allowed: {', '.join(KINDS)}")
 
 
@@ -127,6 +133,11 @@ def load_head(path: str | Path, target) -> tuple[torch.nn.Module, dict]:
         if cfg["kind"] == "medusa":
             head = build_head("medusa", target, n_heads=cfg["medusa_num_heads"], n_layers=cfg["medusa_num_layers"],
                               shared_lm_head=cfg["shared_lm_head"], draft_vocab=draft_vocab)
+        elif cfg.get("eagle3"):
+            layers, n = cfg.get("feature_layers"), target.config.num_hidden_layers
+            if not (isinstance(layers, list) and len(layers) == 3 and all(isinstance(i, int) and 0 <= i < n for i in layers)):
+                raise ModelError(f"head {path}: feature_layers {layers!r} must be 3 layer indices in 0..{n - 1} of this target")
+            head = build_head("eagle3", target, draft_vocab=draft_vocab, feature_layers=tuple(layers))
         else:
             head = build_head("eagle", target, draft_vocab=draft_vocab, fc_bias=cfg.get("fc_bias", True))
         _load_owned(head, tensors, path)

@@ -7,6 +7,8 @@ Data (heads/data.py) is cached once; training then reads only the cache. Losses:
   f_{j+1} plus cross-entropy of the LM head on it against the target at j+1; then `unroll` - 1
   further draft steps fed the head's own predicted features, with the attention the runtime's
   draft steps have (training-time test). Gaussian noise on step 1's input features.
+- EAGLE-3 (`eagle3`): the same unrolled steps over fc(low, middle and high layer features), with
+  cross-entropy only (its output is not a target feature, so there is nothing to regress to).
 Checkpoints (weights + optimizer state, safetensors) are written every `checkpoint_every` steps
 and resumed from when the same command runs again. The held-out estimate is greedy: the
 fraction of positions where the first i drafts all equal the target's argmax, measured by
@@ -25,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..errors import SpeccError
-from ..heads.eagle import EagleHead
+from ..heads.eagle import EagleBase
+from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from ..heads.medusa import MedusaHeads
 from ..heads.store import build_head, save_head
 from .head_data import DTYPES, DataConfig, build_data
@@ -85,7 +88,7 @@ def medusa_loss(head: MedusaHeads, batch: dict, to_draft) -> torch.Tensor:
     return total / head.n_heads
 
 
-def eagle_unroll(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def eagle_unroll(head: EagleBase, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """The head's outputs of `steps` draft steps from every position at once: out[s][:, o] [B, T-1-s, H]
     predicts the feature s + 1 tokens after o, drafting from round o (training-time test, as in HASS
     and EAGLE-3).
@@ -114,19 +117,21 @@ def eagle_unroll(head: EagleHead, tokens: torch.Tensor, features: torch.Tensor, 
     return out
 
 
-def eagle_loss(head: EagleHead, batch: dict, to_draft, noise: float, unroll: int = 1) -> torch.Tensor:
-    """Per draft step of `eagle_unroll`: smooth-L1 to the target's feature + 0.5 x cross-entropy against
-    its distribution, step s weighted 0.8^(s-1); Gaussian noise on step 1's input features."""
+def eagle_loss(head: EagleBase, batch: dict, to_draft, noise: float, unroll: int = 1) -> torch.Tensor:
+    """Per draft step of `eagle_unroll`: smooth-L1 to the target's feature (EAGLE-1/2 only) + 0.5 x
+    cross-entropy against its distribution, step s weighted 0.8^(s-1); Gaussian noise on step 1's input
+    features (EAGLE-3: on the layers' features, before fc)."""
     feats = batch["features"].float()
     f_in = feats[:, :-1]
     if noise:
         f_in = f_in + torch.randn_like(f_in) * noise * f_in.pow(2).mean().sqrt()
+    fused = isinstance(head, Eagle3Head)
     total, weight = 0.0, 0.0
-    for s, h in enumerate(eagle_unroll(head, batch["tokens"], f_in, unroll)):
+    for s, h in enumerate(eagle_unroll(head, batch["tokens"], head.fc(f_in) if fused else f_in, unroll)):
         m = batch["valid"][:, 1 + s:].float()
-        vloss = (F.smooth_l1_loss(h.float(), feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        loss = 0.0 if fused else (F.smooth_l1_loss(h.float(), feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
         p, idx = soft_targets(batch["top_val"][:, 1 + s:], batch["top_idx"][:, 1 + s:], to_draft)
-        total = total + 0.8 ** s * (vloss + 0.5 * _ce(head.reduced_logits(h), p, idx, m))
+        total = total + 0.8 ** s * (loss + 0.5 * _ce(head.reduced_logits(h), p, idx, m))
         weight += 0.8 ** s
     return total / weight
 
@@ -161,10 +166,12 @@ def acceptance(head, data: dict, rows: torch.Tensor, depth: int, starts: int = 6
     return (hits / max(total, 1)).tolist()
 
 
-def _eagle_chain(head: EagleHead, data: dict, r: int, o: int, depth: int) -> torch.Tensor:
+def _eagle_chain(head: EagleBase, data: dict, r: int, o: int, depth: int) -> torch.Tensor:
     """Draft `depth` tokens autoregressively with the head's own cache, as the runtime does."""
     ids = data["tokens"][r:r + 1, 1:o + 2]
     feats = data["features"][r:r + 1, :o + 1].float()
+    if isinstance(head, Eagle3Head):  # the target graph fuses them (passes/add_feature_outputs.py)
+        feats = head.fc(feats)
     pos = torch.arange(o + 1)[None]
     logits, h, k, v = head(ids, feats, pos, torch.zeros(1, dtype=torch.long), torch.tensor([[o]]),
                            head.empty_cache(1), head.empty_cache(1))
@@ -181,7 +188,8 @@ def _eagle_chain(head: EagleHead, data: dict, r: int, o: int, depth: int) -> tor
 
 
 def _checkpoint(path: Path, head, opt, step: int) -> None:
-    tensors = {f"head.{k}": v.detach().contiguous() for k, v in head.state_dict().items() if k.startswith(("fc", "layers", "heads", "lm_heads"))}
+    own = ("fc", "layers", "heads", "lm_heads", "midlayer", "norm.", "lm_head.")  # not the target's embedding or rows
+    tensors = {f"head.{k}": v.detach().contiguous() for k, v in head.state_dict().items() if k.startswith(own)}
     for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
         st = opt.state.get(p)
         if st:
@@ -210,8 +218,8 @@ def _resume(path: Path, head, opt) -> int:
 def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: DataConfig, output: Path,
                cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
     """Train (or resume) a head; writes output/ (config, weights, card) and returns (head, card)."""
-    if cfg.kind not in ("medusa", "eagle"):
-        raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle")
+    if cfg.kind not in ("medusa", "eagle", "eagle3"):
+        raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle, eagle3")
     if cfg.dtype not in DTYPES or data_cfg.dtype not in DTYPES:
         raise SpeccError(f"--dtype {cfg.dtype!r}: allowed {', '.join(DTYPES)}")
     if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
@@ -220,7 +228,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
     for p in model.parameters():
         p.requires_grad_(False)
     t0 = time.perf_counter()
-    data, data_info = build_data(model, tokenizer, model_name, data_cfg, cache)
+    layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
+    data, data_info = build_data(model, tokenizer, model_name, data_cfg, cache, list(layers) if layers else None)
     data_seconds = time.perf_counter() - t0
     n = data["tokens"].shape[0]
     if n < 4:
@@ -233,7 +242,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
     if draft_vocab is not None:
         to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
         to_draft[draft_vocab] = torch.arange(len(draft_vocab))
-    head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab)
+    head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab, feature_layers=layers)
     params = [p for p in head.parameters() if p.requires_grad and p.data_ptr() not in
               {q.data_ptr() for q in model.parameters()}]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)

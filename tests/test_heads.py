@@ -299,7 +299,8 @@ def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch)
     assert len(calls) == 2
 
 
-def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeypatch):
+@pytest.mark.parametrize("layers", [None, [0, 0, 0]])
+def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeypatch, layers):
     """The passes that answer record every position's feature and top-K (left-padded batches, the prompt's
     positions through the LM head again): what the teacher pass computes over the same tokens, up to float
     rounding. An answer cut by the token limit loses its last token (its pass never ran). A later call
@@ -314,24 +315,27 @@ def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeyp
     monkeypatch.setattr(hd, "training_prompts", lambda cfg: [(t, False) for t in texts])
     cfg = hd.DataConfig(n_code=5, n_chat=0, new_tokens=6, top_k=4, batch=3)
     prompts = [hd._encode(tok, t, False, cfg.max_prompt_tokens) for t in texts]
-    journal = tmp_path / f"heads-data-{cfg.key('t')}.answers.jsonl"
-    seqs, recorded = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4)
+    key = cfg.key("t") + ("-l" + "-".join(map(str, layers)) if layers else "")  # build_data's cache name
+    data_file = tmp_path / f"heads-data-{key}.safetensors"
+    journal = data_file.with_suffix(".answers.jsonl")
+    seqs, recorded = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4, feature_layers=layers)
     assert sorted(recorded) == list(range(5)) and len({len(p) for p in prompts}) == 5
     for i, (ids, n_prompt) in enumerate(seqs):
         n = recorded[i]["length"]
         assert n == n_prompt + min(len(ids) - n_prompt, 5)
-        taught = hd.teacher_pass(model, [(ids[:n], n_prompt)], 4)
+        taught = hd.teacher_pass(model, [(ids[:n], n_prompt)], 4, layers)
         torch.testing.assert_close(recorded[i]["features"].float(), taught["features"][0].float(), atol=2e-3, rtol=1e-2)
         torch.testing.assert_close(recorded[i]["top_val"].float(), taught["top_val"][0].float(), atol=2e-3, rtol=1e-2)
         assert torch.equal(recorded[i]["top_idx"], taught["top_idx"][0])
     monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("answered again"))
-    again_seqs, again = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4)
+    again_seqs, again = hd.generate(model, tok, prompts, 6, batch=3, journal=journal, top_k=4, feature_layers=layers)
     assert again_seqs == seqs and all(torch.equal(again[i][k], recorded[i][k]) for i in recorded
                                       for k in ("features", "top_val", "top_idx"))
     records = sorted(tmp_path.glob("*.answers.batch-*.safetensors"))
     assert len(records) == 2
     records[1].unlink()  # the longer prompts' batch, as if journaled before answers recorded their data
-    data, _ = hd.build_data(model, tok, "t", cfg, tmp_path)
+    data, _ = hd.build_data(model, tok, "t", cfg, tmp_path, layers)
+    assert data["features"].shape[-1] == model.config.hidden_size * (3 if layers else 1)
     lengths = data["valid"].sum(1).tolist()
     by_teacher = [i for i in range(5) if lengths[i] == len(seqs[i][0]) != recorded[i]["length"]]
     assert by_teacher and all(lengths[i] in (recorded[i]["length"], len(seqs[i][0])) for i in range(5))
@@ -340,7 +344,7 @@ def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeyp
         assert int(data["answer"][i].sum()) == lengths[i] - seqs[i][1]
         if i not in by_teacher:
             assert torch.equal(data["features"][i, :lengths[i]], recorded[i]["features"])
-    assert [p.name for p in tmp_path.iterdir()] == [f"heads-data-{cfg.key('t')}.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == [data_file.name]
 
 
 def test_eagle_training_unroll_drafts_as_the_runtime_does(target):

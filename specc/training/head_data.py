@@ -185,17 +185,27 @@ def _journal_rows(journal: Path | None, prompts: list[list[int]],
 
 class _Recorder:
     """Forward hooks that keep, while `model.generate` answers a batch, what the teacher pass would compute
-    for it: every position's feature (the final norm's output) and the target's top-K next-token logits
-    (from the LM head's own output where generate computes it, the prompt's other positions through the
-    LM head once more, in row chunks)."""
+    for it: every position's feature (the final norm's output, or the given layers' outputs concatenated)
+    and the target's top-K next-token logits (from the LM head's own output where generate computes it,
+    the prompt's other positions through the LM head once more, in row chunks)."""
 
-    def __init__(self, model, top_k: int):
-        self.model, self.top_k, self.calls = model, top_k, []
+    def __init__(self, model, top_k: int, feature_layers: list[int] | None = None):
+        self.model, self.top_k, self.calls, self.layer_out = model, top_k, [], {}
         self.hooks = [model.model.norm.register_forward_hook(self._norm),
                       model.lm_head.register_forward_hook(self._logits)]
+        self.layers = list(feature_layers or [])
+        for i in sorted(set(self.layers)):
+            self.hooks.append(model.model.layers[i].register_forward_hook(self._layer(i)))
 
-    def _norm(self, _module, _args, out) -> None:
-        self.calls.append({"hidden": out.detach()})
+    def _layer(self, i: int):
+        def keep(_module, _args, out) -> None:
+            self.layer_out[i] = (out[0] if isinstance(out, tuple) else out).detach()
+        return keep
+
+    def _norm(self, _module, _args, out) -> None:  # after every layer of this forward call
+        out = out.detach()
+        feats = torch.cat([self.layer_out[i] for i in self.layers], -1) if self.layers else out
+        self.calls.append({"hidden": out, "features": feats})
 
     def _logits(self, _module, _args, out) -> None:
         top = torch.topk(out.detach().float(), self.top_k, -1)
@@ -226,7 +236,7 @@ class _Recorder:
             idx.append(top.indices)
         top_val = torch.cat(vals + [prompt["top"][0]] + [c["top"][0] for c in calls[1:]], 1)
         top_idx = torch.cat(idx + [prompt["top"][1]] + [c["top"][1] for c in calls[1:]], 1)
-        hidden = torch.cat([c["hidden"] for c in calls], 1)
+        hidden = torch.cat([c["features"] for c in calls], 1)
         out = []
         for r, (p, answer) in enumerate(zip(group, answers)):
             pad, n = width - len(p), len(p) + min(len(answer), steps)
@@ -265,12 +275,13 @@ def _load_record(path: Path | None, indices: list[int], rows: dict, top_k: int, 
 
 
 def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int, journal: Path | None = None,
-             top_k: int | None = None) -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
+             top_k: int | None = None, feature_layers: list[int] | None = None) -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
     """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt, in the
     prompts' order. Batches hold prompts of similar length (sorted), so little of a batch is padding.
 
-    With `top_k`, the passes that answer also record the data of the teacher pass (`_Recorder`): returned
-    by prompt index as {length, features, top_val, top_idx}, for the first `length` tokens of its sequence.
+    With `top_k`, the passes that answer also record the data of the teacher pass (`_Recorder`, with its
+    `feature_layers`): returned by prompt index as {length, features, top_val, top_idx}, for the first
+    `length` tokens of its sequence.
 
     With a journal, every finished batch is appended to it (and its record saved beside it) and a later call
     with the same prompts starts after the batches it holds (hours of answers from a 1.5B target survive an
@@ -288,13 +299,14 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
         if top_k is not None:
             for j, b in enumerate(batches):
                 if j not in todo:
-                    recorded.update(_load_record(_record_path(journal, j), b, rows, top_k, model.config.hidden_size))
+                    recorded.update(_load_record(_record_path(journal, j), b, rows, top_k,
+                                                 model.config.hidden_size * max(1, len(feature_layers or []))))
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
     # the prompt pass hands the LM head its last positions as a strided view, which torch multiplies as a
     # batched matmul over a copy of the weight per row (7.5 GB at 16 rows of a 1.5B target in bfloat16)
     contiguous = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
-    recorder = _Recorder(model, top_k) if top_k is not None else None
+    recorder = _Recorder(model, top_k, feature_layers) if top_k is not None else None
     try:
         for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
             group = [prompts[i] for i in batches[j]]
@@ -437,10 +449,10 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
         seqs, recorded = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"),
-                                  top_k=None if feature_layers else cfg.top_k)
+                                  top_k=cfg.top_k, feature_layers=feature_layers)
     rest = [i for i in range(len(seqs)) if i not in recorded]  # answers journaled before recording, and text
     taught = teacher_pass(model, [seqs[i] for i in rest], cfg.top_k, feature_layers, parts=path) if rest else None
-    data = _merge(seqs, recorded, rest, taught, cfg.top_k, model.config.hidden_size)
+    data = _merge(seqs, recorded, rest, taught, cfg.top_k, model.config.hidden_size * max(1, len(feature_layers or [])))
     if cfg.source == "text":  # measurable where the text is what the target would have written
         argmax = data["top_idx"][..., 0].long()
         data["answer"][:, 1:] = (data["tokens"][:, 1:] == argmax[:, :-1]) & data["valid"][:, 1:]

@@ -186,9 +186,20 @@ def test_eagle3_checkpoints_with_problems_are_refused(target, tmp_path):
     save_file({**t, "layers.1.mlp.up_proj.weight": torch.zeros(2)}, str(d / "model.safetensors"))
     with pytest.raises(ModelError, match="unexpected"):
         load_head(d, hf)
+    save_file(t, str(d / "model.safetensors"))
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))
-    with pytest.raises(ModelError, match="one-layer EAGLE-3"):
+    for bad, message in (({"num_hidden_layers": 2}, "one-layer EAGLE-3"),
+                         ({"intermediate_size": 10 ** 12}, "intermediate_size is 1000000000000, its weights say"),
+                         ({"num_attention_heads": "8"}, "num_attention_heads is '8'; expected a positive integer"),
+                         ({"num_attention_heads": 2}, "head_dim 32"),
+                         ({"rms_norm_eps": -1}, "rms_norm_eps"),
+                         ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": "1,1,1"}}, "eagle_aux_hidden_state_layer_ids")):
+        (d / "config.json").write_text(json.dumps({**cfg, **bad}))
+        with pytest.raises(ModelError, match=message):
+            load_head(d, hf)
+    (d / "config.json").write_text(json.dumps(cfg))
+    save_file({**t, "d2t": t["d2t"].float()}, str(d / "model.safetensors"))
+    with pytest.raises(ModelError, match="d2t does not map"):
         load_head(d, hf)
 
 

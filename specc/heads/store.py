@@ -196,34 +196,61 @@ def _eagle3_layers(path: Path, cfg: dict, n_layers: int) -> tuple[int, ...]:
     return tuple(i - 1 for i in ids)
 
 
+def _config_int(path: Path, cfg: dict, key: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelError(f"head {path}: config.json {key} is {value!r}; expected a positive integer")
+    return value
+
+
 def _import_eagle3(path: Path, cfg: dict, tensors: dict, target) -> torch.nn.Module:
+    """An EAGLE-3 head whose layer sizes come from its tensors (the config must agree with them: a config
+    alone never decides what is allocated)."""
     tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
     hidden, vocab_size = target.config.hidden_size, target.config.vocab_size
     if cfg.get("target_hidden_size", hidden) != hidden:
         raise ModelError(f"head {path} was made for a target of hidden size {cfg['target_hidden_size']}, this one has {hidden}")
-    if int(cfg.get("num_hidden_layers", 1)) != 1:
+    if _config_int(path, cfg, "num_hidden_layers", 1) != 1:
         raise ModelError(f"head {path} has {cfg['num_hidden_layers']} draft layers; specc runs one-layer EAGLE-3 heads")
-    if "intermediate_size" not in cfg:
-        raise ModelError(f"head {path}: config.json lacks intermediate_size (an EAGLE-3 head's Llama-style config has it)")
-    head_dim = int(cfg.get("head_dim") or hidden // int(cfg.get("num_attention_heads", target.config.num_attention_heads)))
+    needed = ("fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
+              "midlayer.mlp.gate_proj.weight", "lm_head.weight")
+    missing = [k for k in needed if k not in tensors or tensors[k].dim() != 2]
+    if missing:
+        raise ModelError(f"head {path}: EAGLE-3 weights lack {missing[:4]} (2-D tensors)")
+    n_heads = _config_int(path, cfg, "num_attention_heads", target.config.num_attention_heads)
+    head_dim = _config_int(path, cfg, "head_dim", hidden // n_heads) if cfg.get("head_dim") else hidden // n_heads
     target_dim = getattr(target.config, "head_dim", None) or hidden // target.config.num_attention_heads
     if head_dim != target_dim:
         raise ModelError(f"head {path} has head_dim {head_dim}; specc runs EAGLE-3 heads with the target's rotary tables, "
                          f"which need the target's head_dim {target_dim}")
-    rows = tensors.get("lm_head.weight")
-    if rows is None or rows.dim() != 2 or rows.shape[1] != hidden:
+    q, k = tensors["midlayer.self_attn.q_proj.weight"].shape, tensors["midlayer.self_attn.k_proj.weight"].shape
+    if q != (n_heads * head_dim, 2 * hidden) or k[1] != 2 * hidden or k[0] % head_dim:
+        raise ModelError(f"head {path}: attention weights q {tuple(q)}, k {tuple(k)} do not fit {n_heads} heads of "
+                         f"{head_dim} over [embedding; feature] ({2 * hidden} wide)")
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+        raise ModelError(f"head {path}: config.json rms_norm_eps is {eps!r}; expected a number in (0, 1)")
+    sizes = {"num_attention_heads": n_heads, "num_key_value_heads": k[0] // head_dim, "head_dim": head_dim,
+             "intermediate_size": tensors["midlayer.mlp.gate_proj.weight"].shape[0], "rms_norm_eps": float(eps),
+             "attention_bias": "midlayer.self_attn.q_proj.bias" in tensors,
+             "norm_before_residual": bool(cfg.get("norm_before_residual", False))}
+    for key in ("intermediate_size", "num_key_value_heads"):
+        if key in cfg and cfg[key] != sizes[key]:
+            raise ModelError(f"head {path}: config.json {key} is {cfg[key]!r}, its weights say {sizes[key]}")
+    rows = tensors["lm_head.weight"]
+    if rows.shape[1] != hidden:
         raise ModelError(f"head {path}: lm_head.weight must be [draft vocabulary, {hidden}]")
     draft_vocab = None
     if "d2t" in tensors:
-        ids = torch.arange(rows.shape[0]) + tensors["d2t"].long().reshape(-1)
-        if (len(ids) != rows.shape[0] or ids.min() < 0 or ids.max() >= vocab_size
-                or len(torch.unique(ids)) != len(ids)):
+        d2t = tensors["d2t"].reshape(-1)
+        ids = torch.arange(rows.shape[0]) + d2t.long() if len(d2t) == rows.shape[0] and not d2t.is_floating_point() else None
+        if ids is None or ids.min() < 0 or ids.max() >= vocab_size or len(torch.unique(ids)) != len(ids):
             raise ModelError(f"head {path}: d2t does not map its {rows.shape[0]} draft tokens to distinct target ids "
                              f"in 0..{vocab_size - 1}")
         draft_vocab = None if len(ids) == vocab_size and torch.equal(ids, torch.arange(vocab_size)) else ids
     elif rows.shape[0] != vocab_size:
         raise ModelError(f"head {path}: {rows.shape[0]} LM head rows but no d2t map to the target's {vocab_size} tokens")
-    head = Eagle3Head(target, cfg, draft_vocab, _eagle3_layers(path, cfg, target.config.num_hidden_layers))
+    head = Eagle3Head(target, sizes, draft_vocab, _eagle3_layers(path, cfg, target.config.num_hidden_layers))
     own = {k for k in head.state_dict() if not k.startswith(("embed_tokens.", "rotary_emb.", "vocab."))}
     weights = {k: v.float() for k, v in tensors.items() if k in own}
     missing = sorted(own - set(weights))

@@ -227,8 +227,9 @@ class _Recorder:
         prompt, steps = calls[0], len(calls) - 1
         known = prompt["top"][0].shape[1]  # the prompt positions whose logits generate computed (the last ones)
         vals, idx = [], []
-        for lo in range(0, width - known, 64):  # the others, 64 positions of every row at a time
-            hi = min(width - known, lo + 64)
+        step = max(1, 512 // len(group))  # the others, ~512 logit rows at a time (a 1.5B target's: ~300 MB)
+        for lo in range(0, width - known, step):
+            hi = min(width - known, lo + step)
             head = self.model.lm_head  # called as a function: its hook records generate's own calls
             logits = torch.nn.functional.linear(prompt["hidden"][:, lo:hi], head.weight, head.bias)
             top = torch.topk(logits.float(), self.top_k, -1)

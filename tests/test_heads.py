@@ -324,6 +324,7 @@ def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeyp
     tok = AutoTokenizer.from_pretrained(path)
     texts = ["def f(", "x", "import os\nclass A:", "y =", "for i in"]  # padded in batches of 3
     monkeypatch.setattr(hd, "training_prompts", lambda cfg: [(t, False) for t in texts])
+    monkeypatch.setattr(hd._Recorder, "LOGIT_ROWS", 4)  # the prompt positions' extra LM-head pass in several pieces
     cfg = hd.DataConfig(n_code=5, n_chat=0, new_tokens=6, top_k=4, batch=3)
     prompts = [hd._encode(tok, t, False, cfg.max_prompt_tokens) for t in texts]
     key = cfg.key("t") + ("-l" + "-".join(map(str, layers)) if layers else "")  # build_data's cache name

@@ -189,6 +189,8 @@ class _Recorder:
     and the target's top-K next-token logits (from the LM head's own output where generate computes it,
     the prompt's other positions through the LM head once more, in row chunks)."""
 
+    LOGIT_ROWS = 512  # rows of the extra LM-head pass at once (a 1.5B target's: ~300 MB of logits)
+
     def __init__(self, model, top_k: int, feature_layers: list[int] | None = None):
         self.model, self.top_k, self.calls, self.layer_out = model, top_k, [], {}
         self.hooks = [model.model.norm.register_forward_hook(self._norm),
@@ -227,7 +229,7 @@ class _Recorder:
         prompt, steps = calls[0], len(calls) - 1
         known = prompt["top"][0].shape[1]  # the prompt positions whose logits generate computed (the last ones)
         vals, idx = [], []
-        step = max(1, 512 // len(group))  # the others, ~512 logit rows at a time (a 1.5B target's: ~300 MB)
+        step = max(1, self.LOGIT_ROWS // len(group))  # the others, a few hundred logit rows at a time
         for lo in range(0, width - known, step):
             hi = min(width - known, lo + step)
             head = self.model.lm_head  # called as a function: its hook records generate's own calls

@@ -389,6 +389,39 @@ def test_eagle_training_unroll_drafts_as_the_runtime_does(target):
                 torch.testing.assert_close(unrolled[s][:, o], last[:, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_held_out_chains_from_one_pass_equal_chains_from_each_prefix(target, kind):
+    """The held-out estimate enters a row's true entries once and starts every round from a slice of that
+    cache: the drafts equal those of a round that enters its own prefix (as the runtime's rounds do)."""
+    from specc.heads.store import build_head
+    from specc.training.heads import _eagle_chain, _eagle_enter
+
+    _, hf = target
+    torch.manual_seed(0)
+    head = build_head(kind, hf).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad and p.dim() > 1:
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
+    width = hf.config.hidden_size * (3 if kind == "eagle3" else 1)
+    n, depth = 12, 4
+    data = {"tokens": torch.randint(0, 256, (1, n + 1)), "features": torch.randn(1, n, width)}
+    with torch.no_grad():
+        entered = _eagle_enter(head, data, 0, n)
+        for o in (0, 5, n - 1):
+            feats = data["features"][:, :o + 1]
+            feats = head.fc(feats) if kind == "eagle3" else feats
+            logits, h, k, v = head(data["tokens"][:, 1:o + 2], feats, torch.arange(o + 1)[None], torch.zeros(1, dtype=torch.long),
+                                   torch.tensor([[o]]), head.empty_cache(1), head.empty_cache(1))
+            want = []
+            for i in range(depth):
+                want.append(logits[:, 0].argmax(-1))
+                logits, h, nk, nv = head(want[-1][:, None], h[:, -1:], torch.tensor([[o + 1 + i]]), torch.tensor([k.shape[3]]),
+                                         torch.zeros(1, 1, dtype=torch.long), k, v)
+                k, v = torch.cat([k, nk], 3), torch.cat([v, nv], 3)
+            assert torch.equal(_eagle_chain(head, entered, o, depth), torch.cat(want))
+
+
 def test_training_prompts_leave_out_the_benchmark_and_vary():
     """Training code comes from many standard-library modules, never the benchmark's; no chat prompt is
     a benchmark prompt; the grid gives far more distinct chat prompts than one run asks for."""

@@ -154,27 +154,35 @@ def acceptance(head, data: dict, rows: torch.Tensor, depth: int, starts: int = 6
             continue
         span = ok[2:].unfold(0, depth - 1, 1).prod(-1) if depth > 1 else ok[2:]
         candidates = [o for o in span.nonzero()[:, 0].tolist() if o + depth < n]
-        for o in candidates[::max(1, len(candidates) // starts)][:starts]:
+        chosen = candidates[::max(1, len(candidates) // starts)][:starts]
+        entered = _eagle_enter(head, data, r, max(chosen) + 1) if chosen and not isinstance(head, MedusaHeads) else None
+        for o in chosen:
             target = argmax[r, o + 1:o + 1 + depth]
             if isinstance(head, MedusaHeads):
                 drafts = head(data["features"][r, o].float())[:depth].argmax(-1)
             else:
-                drafts = _eagle_chain(head, data, r, o, depth)
+                drafts = _eagle_chain(head, entered, o, depth)
             hit = (drafts == target[:len(drafts)]).long().cumprod(-1)
             hits[:len(hit)] += hit.float()
             total += 1
     return (hits / max(total, 1)).tolist()
 
 
-def _eagle_chain(head: EagleBase, data: dict, r: int, o: int, depth: int) -> torch.Tensor:
-    """Draft `depth` tokens autoregressively with the head's own cache, as the runtime does."""
-    ids = data["tokens"][r:r + 1, 1:o + 2]
-    feats = data["features"][r:r + 1, :o + 1].float()
+def _eagle_enter(head: EagleBase, data: dict, r: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row r's first n true entries (x_{j+1}, f_j) in one pass: outputs [1, n, H] and KV ([1, 1, H_kv, n, D]).
+    Entry o's output and the cache up to it are what a round starting at o has (attention is causal)."""
+    feats = data["features"][r:r + 1, :n].float()
     if isinstance(head, Eagle3Head):  # the target graph fuses them (passes/add_feature_outputs.py)
         feats = head.fc(feats)
-    pos = torch.arange(o + 1)[None]
-    logits, h, k, v = head(ids, feats, pos, torch.zeros(1, dtype=torch.long), torch.tensor([[o]]),
-                           head.empty_cache(1), head.empty_cache(1))
+    empty = head.empty_cache(1)
+    return head.run(data["tokens"][r:r + 1, 1:n + 1], feats, torch.arange(n)[None], torch.zeros(1, dtype=torch.long),
+                    empty, empty)
+
+
+def _eagle_chain(head: EagleBase, entered: tuple, o: int, depth: int) -> torch.Tensor:
+    """Draft `depth` tokens autoregressively from round o with the head's own cache, as the runtime does."""
+    h, k, v = entered[0][:, o:o + 1], entered[1][..., :o + 1, :], entered[2][..., :o + 1, :]
+    logits = head.vocab(head.reduced_logits(h))
     out = []
     for i in range(depth):
         tok = logits[:, 0].argmax(-1)

@@ -218,7 +218,7 @@ def _import_eagle3(path: Path, cfg: dict, tensors: dict, target) -> torch.nn.Mod
     if missing:
         raise ModelError(f"head {path}: EAGLE-3 weights lack {missing[:4]} (2-D tensors)")
     n_heads = _config_int(path, cfg, "num_attention_heads", target.config.num_attention_heads)
-    head_dim = _config_int(path, cfg, "head_dim", hidden // n_heads) if cfg.get("head_dim") else hidden // n_heads
+    head_dim = _config_int(path, cfg, "head_dim") if cfg.get("head_dim") is not None else hidden // n_heads
     target_dim = getattr(target.config, "head_dim", None) or hidden // target.config.num_attention_heads
     if head_dim != target_dim:
         raise ModelError(f"head {path} has head_dim {head_dim}; specc runs EAGLE-3 heads with the target's rotary tables, "
@@ -261,4 +261,3 @@ def _import_eagle3(path: Path, cfg: dict, tensors: dict, target) -> torch.nn.Mod
                          f"unexpected {extra[:4]}, wrong shape {shapes[:4]})")
     head.load_state_dict(weights, strict=False)
     return head.eval()
-

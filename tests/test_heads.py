@@ -225,7 +225,7 @@ def test_recipe_needs_a_head_for_head_methods():
     parse_recipe({"target": {"model": "t"}, "draft": {"method": "medusa", "head": "h"}, "speculation": {"mode": "tree"}})
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
 def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
     from specc.cli import main
 

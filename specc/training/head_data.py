@@ -309,7 +309,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
     # the prompt pass hands the LM head its last positions as a strided view, which torch multiplies as a
     # batched matmul over a copy of the weight per row (7.5 GB at 16 rows of a 1.5B target in bfloat16)
     contiguous = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
-    recorder = _Recorder(model, top_k, feature_layers) if top_k is not None else None
+    recorder = _Recorder(model, top_k, feature_layers) if top_k is not None and hasattr(model.model, "norm") else None
     try:
         for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
             group = [prompts[i] for i in batches[j]]

@@ -251,7 +251,7 @@ def _import_eagle3(path: Path, cfg: dict, tensors: dict, target) -> torch.nn.Mod
     elif rows.shape[0] != vocab_size:
         raise ModelError(f"head {path}: {rows.shape[0]} LM head rows but no d2t map to the target's {vocab_size} tokens")
     head = Eagle3Head(target, sizes, draft_vocab, _eagle3_layers(path, cfg, target.config.num_hidden_layers))
-    own = {k for k in head.state_dict() if not k.startswith(("embed_tokens.", "rotary_emb.", "vocab."))}
+    own = set(head_tensors(head)) - {"draft_vocab"}
     weights = {k: v.float() for k, v in tensors.items() if k in own}
     missing = sorted(own - set(weights))
     extra = sorted(set(tensors) - own - {"d2t", "t2d", "embed_tokens.weight"})

@@ -228,6 +228,7 @@ def test_recipe_needs_a_head_for_head_methods():
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
 def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
     from specc.cli import main
+    from specc.training.heads import default_lr
 
     path, _ = target
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
@@ -236,11 +237,13 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     args = ["train-head", str(recipe), "--kind", kind, "--prompts", "10", "--new-tokens", "12", "--eval-every", "2",
             "--draft-vocab", "64", "-o", str(tmp_path / "head")]
     assert main(args + ["--steps", "2", "--unroll", "0"]) == 2  # a clear error, before any data is built
+    assert main(args + ["--steps", "2", "--lr", "-1"]) == 2
     assert main(args + ["--steps", "2"]) == 0
     assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
     assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
+    assert card["train"]["lr"] == 1e-3 and default_lr(1536) == 3e-4  # the default, by width (tiny here), recorded
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
     assert not list((tmp_path / "cache" / "heads").glob("*.teacher-*"))  # its parts went with the whole
 

@@ -472,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "teacher-forced windows of standard-library source (--prompts windows of 256 tokens; cheap)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-seqs", type=int, default=4, help="sequences per training step")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: 1e-3 for targets up to 1024 wide, 3e-4 above)")
     p.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
     p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0: the full vocabulary)")
     p.add_argument("--unroll", type=int, default=3,

@@ -28,7 +28,7 @@ demo: $(BIN)/python
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	-$(MAKE) --no-print-directory triton-env
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 
 triton-env: $(TRITON_VENV)/.installed
 

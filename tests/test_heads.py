@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from heads_helpers import make_random_head, write_eagle3_checkpoint
@@ -239,9 +239,16 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert main(args + ["--steps", "2", "--unroll", "0"]) == 2  # a clear error, before any data is built
     assert main(args + ["--steps", "2", "--lr", "-1"]) == 2
     assert main(args + ["--steps", "2"]) == 0
+    saved = load_file(str(tmp_path / "head" / "model.safetensors"))
+    ckpt = load_file(str(tmp_path / "head" / "checkpoint.safetensors"))
+    heads_in_ckpt = {k.removeprefix("head."): v for k, v in ckpt.items() if k.startswith("head.")}
+    assert heads_in_ckpt.keys() == saved.keys() - {"draft_vocab"}  # every weight the head owns, nothing of the target's
+    assert all(torch.equal(v, saved[k]) for k, v in heads_in_ckpt.items())
+    before = json.loads((tmp_path / "head" / "card.json").read_text())["held_out"]["greedy_acceptance_by_position"]
     assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
+    assert card["held_out"]["greedy_acceptance_by_position_before"] == before  # the step-2 head, restored
     assert len(card["held_out"]["greedy_acceptance_by_position"]) == 5 and card["draft_vocab_size"] == 64
     assert card["train"]["lr"] == 1e-3 and default_lr(1536) == 3e-4  # the default, by width (tiny here), recorded
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))

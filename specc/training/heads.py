@@ -30,7 +30,7 @@ from ..errors import SpeccError
 from ..heads.eagle import EagleBase
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from ..heads.medusa import MedusaHeads
-from ..heads.store import build_head, save_head
+from ..heads.store import build_head, head_tensors, save_head
 from .head_data import DTYPES, DataConfig, build_data
 
 
@@ -203,8 +203,7 @@ def _eagle_chain(head: EagleBase, entered: tuple, o: int, depth: int) -> torch.T
 
 
 def _checkpoint(path: Path, head, opt, step: int) -> None:
-    own = ("fc", "layers", "heads", "lm_heads", "midlayer", "norm.", "lm_head.")  # not the target's embedding or rows
-    tensors = {f"head.{k}": v.detach().contiguous() for k, v in head.state_dict().items() if k.startswith(own)}
+    tensors = {f"head.{k}": v for k, v in head_tensors(head).items() if k != "draft_vocab"}  # as save_head writes
     for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
         st = opt.state.get(p)
         if st:

@@ -253,6 +253,17 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert card["train"]["lr"] == 1e-3 and default_lr(1536) == 3e-4  # the default, by width (tiny here), recorded
     assert list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))
     assert not list((tmp_path / "cache" / "heads").glob("*.teacher-*"))  # its parts went with the whole
+    assert torch.equal(ckpt["draft_vocab"], saved["draft_vocab"])
+
+    # a second data set: only its prompts are answered, training resumes with the head's own draft vocabulary
+    assert main(args + ["--prompts", "10", "--steps", "5", "--draft-vocab", "32"]) == 2  # not the head's vocabulary
+    assert main(args + ["--prompts", "10", "--steps", "5"]) == 0
+    card = json.loads((tmp_path / "head" / "card.json").read_text())
+    first, second = card["data"]["sets"]
+    assert first["reused"] and not second["reused"] and (second["code_from"], second["chat_from"]) == (5, 5)
+    assert card["resumed_from_step"] == 4 and card["data"]["sequences"] == 20 and card["data"]["held_out_sequences"] == 2
+    assert card["draft_vocab_from"].endswith("checkpoint.safetensors")
+    assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["draft_vocab"], saved["draft_vocab"])
 
 
 def test_trained_eagle3_head_loads_compiles_and_stays_lossless(target, tmp_path, monkeypatch):
@@ -446,6 +457,27 @@ def test_training_prompts_leave_out_the_benchmark_and_vary():
     assert len(code) == len(chat) == 400 and len(set(chat)) == 400
     bench = {it["prompt"] for it in build(16, len(CHAT))}
     assert not bench & set(code) and not set(CHAT) & set(chat)
+
+
+def test_consecutive_data_sets_take_prompts_after_the_earlier_sets():
+    """`--prompts 5 --prompts 5 --prompts 5`: three sets whose prompts are disjoint and together are the
+    prompts of one set as large (odd counts too); the first set's cache key is the one-set key."""
+    from specc.training.head_data import DataConfig, text_windows, training_prompts
+    from specc.training.heads import consecutive_sets
+
+    sets = consecutive_sets([5, 5, 5], new_tokens=8)
+    assert [(d.code_from, d.n_code, d.chat_from, d.n_chat) for d in sets] == [(0, 2, 0, 3), (2, 2, 3, 3), (4, 2, 6, 3)]
+    assert sets[0].key("m") == DataConfig(n_code=2, n_chat=3, new_tokens=8).key("m") != sets[1].key("m")
+    parts = [training_prompts(d) for d in sets]
+    whole = training_prompts(DataConfig(n_code=6, n_chat=9))
+    assert sorted(p for part in parts for p in part) == sorted(whole) and len(set(whole)) == 15
+
+    class Chars:  # one token per character
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+    windows = text_windows(Chars(), 6, 16)
+    assert text_windows(Chars(), 2, 16, first=4) == windows[4:6] and len(set(map(tuple, windows))) == 6
 
 
 def test_training_text_leaves_out_the_benchmark_modules():

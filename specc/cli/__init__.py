@@ -253,8 +253,7 @@ def cmd_train_head(args) -> int:
     from ..models.cache import cache_dir
     from ..models.load import load_model
     from ..recipe import load_recipe
-    from ..training.head_data import DataConfig
-    from ..training.heads import TrainConfig, train_head
+    from ..training.heads import TrainConfig, consecutive_sets, train_head
 
     recipe = load_recipe(args.recipe)
     if args.dtype == "bfloat16" and not cpu()["native_bfloat16"]:
@@ -264,10 +263,9 @@ def cmd_train_head(args) -> int:
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll,
                       dtype=args.dtype)
-    data_cfg = DataConfig(n_code=args.prompts // 2, n_chat=args.prompts - args.prompts // 2, new_tokens=args.new_tokens,
-                          source=args.source, dtype=args.dtype)
+    data_cfgs = consecutive_sets(args.prompts or [192], new_tokens=args.new_tokens, source=args.source, dtype=args.dtype)
     output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
-    _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfg, output, cache_dir("heads"))
+    _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfgs, output, cache_dir("heads"))
     acc = card["held_out"]["greedy_acceptance_by_position"]
     print(f"{args.kind} head for {recipe.target.model}: {card['data']['tokens']} tokens, {card['steps']} steps, "
           f"{card['train_seconds']:.0f} s training")
@@ -465,7 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, choices=("medusa", "eagle", "eagle3"),
                    help="eagle: EAGLE-1/2 (last-layer feature); eagle3: EAGLE-3 (low, middle and high layers fused); "
                         "both run as draft.method eagle")
-    p.add_argument("--prompts", type=int, default=192, help="offline prompts the target answers (half code, half chat)")
+    p.add_argument("--prompts", type=int, action="append",
+                   help="offline prompts the target answers (half code, half chat; default 192); repeat it to add sets "
+                        "of further prompts to a head's data (each set cached on its own, so adding one to a trained "
+                        "head's command answers only the new prompts and resumes training)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per answer")
     p.add_argument("--source", choices=("answers", "text"), default="answers",
                    help="answers: the target answers offline prompts (best, one target step per token); text: "

@@ -102,11 +102,15 @@ class DataConfig:
     source: str = "answers"  # or "text"
     seq_len: int = 256  # text: tokens per window
     dtype: str = "float32"  # the target's passes: float32 or bfloat16 (several times faster on CPUs with AMX)
+    code_from: int = 0  # the first code prompt (text: window) used; the ones before belong to earlier sets
+    chat_from: int = 0  # the first chat prompt used
 
     def key(self, model: str) -> str:
         fields = {"model": model, "prompts_version": PROMPTS_VERSION, **asdict(self)}
-        if self.dtype == "float32":  # keys of float32 sets cached before dtype existed stay valid
-            del fields["dtype"]
+        # keys of sets cached before these fields existed stay valid
+        for name, old in (("dtype", "float32"), ("code_from", 0), ("chat_from", 0)):
+            if fields[name] == old:
+                del fields[name]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -133,20 +137,21 @@ def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
     chat = [t.format(topic) for topic in TOPICS for t in TEMPLATES]
     chat = [p for p in chat if p not in CHAT]
     rng.shuffle(chat)
-    return [(p, False) for p in code[:cfg.n_code]] + [(p, True) for p in chat[:cfg.n_chat]]
+    return ([(p, False) for p in code[cfg.code_from:cfg.code_from + cfg.n_code]]
+            + [(p, True) for p in chat[cfg.chat_from:cfg.chat_from + cfg.n_chat]])
 
 
-def text_windows(tokenizer, n: int, seq_len: int) -> list[list[int]]:
-    """n windows of seq_len tokens from the training modules' source files, in order."""
+def text_windows(tokenizer, n: int, seq_len: int, first: int = 0) -> list[list[int]]:
+    """Windows first..first+n-1 of seq_len tokens from the training modules' source files, in order."""
     ids: list[int] = []
     for name in TRAIN_MODULES:
         try:
             ids += tokenizer(inspect.getsource(importlib.import_module(name)), add_special_tokens=False)["input_ids"]
         except (ImportError, OSError, TypeError):
             continue
-        if len(ids) >= n * seq_len:
+        if len(ids) >= (first + n) * seq_len:
             break
-    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(min(n, len(ids) // seq_len))]
+    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(first, min(first + n, len(ids) // seq_len))]
 
 
 def _encode(tokenizer, text: str, chat: bool, limit: int) -> list[int]:
@@ -448,7 +453,7 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
         model = copy.deepcopy(model).to(DTYPES[cfg.dtype])
     recorded: dict[int, dict] = {}
     if cfg.source == "text":
-        seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len)]
+        seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len, cfg.code_from + cfg.chat_from)]
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
         seqs, recorded = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"),

@@ -9,8 +9,10 @@ Data (heads/data.py) is cached once; training then reads only the cache. Losses:
   draft steps have (training-time test). Gaussian noise on step 1's input features.
 - EAGLE-3 (`eagle3`): the same unrolled steps over fc(low, middle and high layer features), with
   cross-entropy only (its output is not a target feature, so there is nothing to regress to).
-Checkpoints (weights + optimizer state, safetensors) are written every `checkpoint_every` steps
-and resumed from when the same command runs again. The held-out estimate is greedy: the
+Checkpoints (weights, draft vocabulary and optimizer state, safetensors) are written every
+`checkpoint_every` steps and resumed from when the command runs again, also with more data sets
+(prompts after those of the earlier sets) or more steps: the head keeps its draft vocabulary.
+Every tenth sequence of each data set is held out. The held-out estimate is greedy: the
 fraction of positions where the first i drafts all equal the target's argmax, measured by
 drafting chains (EAGLE: autoregressively with its own cache) on answers the target wrote.
 """
@@ -204,6 +206,8 @@ def _eagle_chain(head: EagleBase, entered: tuple, o: int, depth: int) -> torch.T
 
 def _checkpoint(path: Path, head, opt, step: int) -> None:
     tensors = {f"head.{k}": v for k, v in head_tensors(head).items() if k != "draft_vocab"}  # as save_head writes
+    if head.vocab.draft_vocab is not None:
+        tensors["draft_vocab"] = head.vocab.draft_vocab.contiguous()
     for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
         st = opt.state.get(p)
         if st:
@@ -229,13 +233,49 @@ def _resume(path: Path, head, opt) -> int:
     return step
 
 
-def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: DataConfig, output: Path,
+def saved_draft_vocab(output: Path) -> tuple[torch.Tensor | None, str] | None:
+    """The draft vocabulary of the head being resumed in output/: its checkpoint's, or (checkpoints written
+    before they kept it) the saved head's; None if there is no checkpoint to resume."""
+    ckpt = output / "checkpoint.safetensors"
+    if not ckpt.is_file():
+        return None
+    from safetensors import safe_open
+
+    for path in (ckpt, output / "model.safetensors"):
+        if path.is_file():
+            with safe_open(str(path), "pt") as f:
+                if "draft_vocab" in f.keys():
+                    return f.get_tensor("draft_vocab"), path.name
+    return None, ckpt.name
+
+
+def concat_data(parts: list[dict]) -> dict:
+    """Data sets [N_i, T_i, ...] as one [sum N_i, max T_i, ...], zero-padded (padding is not `valid`)."""
+    width = max(p["tokens"].shape[1] for p in parts)
+    return {k: torch.cat([F.pad(p[k], (0, 0) * (p[k].dim() - 2) + (0, width - p[k].shape[1])) for p in parts])
+            for k in parts[0]}
+
+
+def consecutive_sets(counts: list[int], **fields) -> list[DataConfig]:
+    """One DataConfig per count: half code and half chat prompts (text: windows), each set starting
+    after the prompts of the sets before it."""
+    sets, code, chat = [], 0, 0
+    for n in counts:
+        sets.append(DataConfig(n_code=n // 2, n_chat=n - n // 2, code_from=code, chat_from=chat, **fields))
+        code, chat = code + n // 2, chat + n - n // 2
+    return sets
+
+
+def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
                cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
-    """Train (or resume) a head; writes output/ (config, weights, card) and returns (head, card)."""
+    """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
+    card) and returns (head, card)."""
     if cfg.kind not in ("medusa", "eagle", "eagle3"):
         raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle, eagle3")
-    if cfg.dtype not in DTYPES or data_cfg.dtype not in DTYPES:
+    if cfg.dtype not in DTYPES or any(d.dtype not in DTYPES for d in data_cfgs):
         raise SpeccError(f"--dtype {cfg.dtype!r}: allowed {', '.join(DTYPES)}")
+    if not data_cfgs or any(d.n_code < 0 or d.n_chat < 0 or d.n_code + d.n_chat < 1 for d in data_cfgs):
+        raise SpeccError(f"--prompts {[d.n_code + d.n_chat for d in data_cfgs]}: allowed one or more counts >= 1")
     if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
         raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     if cfg.lr is not None and not (isinstance(cfg.lr, float) and 0 < cfg.lr < 1):
@@ -245,15 +285,30 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
         p.requires_grad_(False)
     t0 = time.perf_counter()
     layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
-    data, data_info = build_data(model, tokenizer, model_name, data_cfg, cache, list(layers) if layers else None)
+    resumed_vocab = saved_draft_vocab(output)
+    if resumed_vocab is not None:
+        size = None if resumed_vocab[0] is None else len(resumed_vocab[0])
+        if size != cfg.draft_vocab and not (size is None and (cfg.draft_vocab or 0) >= model.config.vocab_size):
+            raise SpeccError(f"--draft-vocab {cfg.draft_vocab or 0}: the head resumed from {output / resumed_vocab[1]} has a "
+                             f"draft vocabulary of {size or 'all'} tokens; pass that, or remove {output} to start over")
+    parts, infos = [], []
+    for d in data_cfgs:
+        part, info = build_data(model, tokenizer, model_name, d, cache, list(layers) if layers else None)
+        parts.append(part)
+        infos.append({**asdict(d), **info, "sequences": part["tokens"].shape[0]})
+    data = concat_data(parts)
     data_seconds = time.perf_counter() - t0
     n = data["tokens"].shape[0]
     if n < 4:
         raise SpeccError(f"only {n} training sequences; raise --prompts")
-    held = torch.arange(n)[torch.arange(n) % 10 == 9]  # every tenth sequence is held out
-    train = torch.arange(n)[torch.arange(n) % 10 != 9]
+    in_set = torch.cat([torch.arange(p["tokens"].shape[0]) for p in parts])
+    held = torch.arange(n)[in_set % 10 == 9]  # every tenth sequence of each set is held out
+    train = torch.arange(n)[in_set % 10 != 9]
     vocab_size = model.config.vocab_size
-    draft_vocab = draft_vocabulary({k: data[k][train] for k in ("top_idx", "valid", "tokens")}, cfg.draft_vocab, vocab_size)
+    if resumed_vocab is not None:  # the checkpoint's weights are rows of this vocabulary
+        draft_vocab = resumed_vocab[0]
+    else:
+        draft_vocab = draft_vocabulary({k: data[k][train] for k in ("top_idx", "valid", "tokens")}, cfg.draft_vocab, vocab_size)
     to_draft = None
     if draft_vocab is not None:
         to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -306,10 +361,12 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfg: Da
         coverage = (to_draft[am] >= 0).float().mean().item()
     card = {
         "kind": cfg.kind, "target": model_name, "train": asdict(cfg),
-        "data": {**asdict(data_cfg), **data_info, "sequences": n, "train_sequences": len(train), "held_out_sequences": len(held),
+        "data": {**(infos[0] if len(infos) == 1 else {"sets": infos}), "reused": all(i["reused"] for i in infos),
+                 "sequences": n, "train_sequences": len(train), "held_out_sequences": len(held),
                  "tokens": int(data["valid"].sum()), "answer_tokens": int(data["answer"].sum()),
                  "prompts": "stdlib function openings (modules outside the benchmark set) and templated chat instructions",
                  "seconds": round(data_seconds, 1)},
+        "draft_vocab_from": None if resumed_vocab is None else str(output / resumed_vocab[1]),
         "steps": cfg.steps, "resumed_from_step": start, "train_seconds": round(time.perf_counter() - t1, 1),
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])) if losses else None,
         "draft_vocab_size": None if draft_vocab is None else len(draft_vocab),

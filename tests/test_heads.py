@@ -263,6 +263,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert first["reused"] and not second["reused"] and (second["code_from"], second["chat_from"]) == (5, 5)
     assert card["resumed_from_step"] == 4 and card["data"]["sequences"] == 20 and card["data"]["held_out_sequences"] == 2
     assert card["draft_vocab_from"].endswith("checkpoint.safetensors")
+    assert card["held_out"]["rounds"] > 0 and len(card["held_out"]["round_acceptance_by_position_k3"]) == 3
     assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["draft_vocab"], saved["draft_vocab"])
 
 
@@ -457,6 +458,27 @@ def test_training_prompts_leave_out_the_benchmark_and_vary():
     assert len(code) == len(chat) == 400 and len(set(chat)) == 400
     bench = {it["prompt"] for it in build(16, len(CHAT))}
     assert not bench & set(code) and not set(CHAT) & set(chat)
+
+
+def test_round_acceptance_counts_rounds_as_a_greedy_run_does(monkeypatch):
+    """The card's greedy-run estimate: rounds start where the answer does and each next one after the
+    accepted drafts and the target's token, so a head that is always right takes k + 1 positions a
+    round, one that is always wrong 1, one right only first 2."""
+    from specc.training import heads
+
+    n, p, k = 20, 5, 3
+    argmax = torch.arange(100, 100 + n)
+    data = {"valid": torch.ones(1, n + 4, dtype=torch.bool), "answer": torch.zeros(1, n + 4, dtype=torch.bool),
+            "top_idx": torch.zeros(1, n + 4, 2, dtype=torch.long)}
+    data["valid"][0, n:] = False
+    data["answer"][0, p:n] = True
+    data["top_idx"][0, :n, 0] = argmax
+    cases = {"right": (lambda o, k: argmax[o + 1:o + 1 + k], [1.0, 1.0, 1.0], 4),  # o = 4, 8, 12, 16
+             "wrong": (lambda o, k: argmax[o + 1:o + 1 + k] + 1, [0.0, 0.0, 0.0], 13),  # o = 4 .. 16
+             "first": (lambda o, k: torch.cat([argmax[o + 1:o + 2], argmax[o + 2:o + 1 + k] + 1]), [1.0, 0.0, 0.0], 7)}
+    for draft, by_position, rounds in cases.values():
+        monkeypatch.setattr(heads, "_drafter", lambda *a, draft=draft: draft)
+        assert heads.round_acceptance(None, data, torch.tensor([0]), k) == (by_position, rounds)
 
 
 def test_consecutive_data_sets_take_prompts_after_the_earlier_sets():

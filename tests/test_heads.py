@@ -267,6 +267,35 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert torch.equal(load_file(str(tmp_path / "head" / "model.safetensors"))["draft_vocab"], saved["draft_vocab"])
 
 
+def test_init_target_starts_the_eagle_layer_as_the_targets_last(target, tmp_path, monkeypatch):
+    """`--init target`: the layer's weights are the target's last layer's, fc passes the feature through
+    (so the head's first layer input is the feature itself); refused for Medusa and Gemma-style norms."""
+    from specc.cli import main
+    from specc.errors import SpeccError
+    from specc.heads.store import build_head
+    from specc.testing import tiny_model
+    from specc.training.heads import start_from_target
+
+    _, hf = target
+    head = build_head("eagle", hf)
+    start_from_target(head, hf)
+    last = hf.model.layers[-1].state_dict()
+    assert all(torch.equal(v, last[k]) for k, v in head.layers[0].state_dict().items())
+    ids, feats = torch.tensor([[3, 5]]), torch.randn(1, 2, hf.config.hidden_size)
+    assert torch.equal(head.fc(torch.cat([head.embed_tokens(ids), feats], -1)), feats)
+    gemma = tiny_model("gemma")
+    with pytest.raises(SpeccError, match="--init target: gemma"):
+        start_from_target(build_head("eagle", gemma), gemma)
+
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target:\n  model: {target[0]}\ndraft:\n  method: prompt_lookup\n")
+    args = ["train-head", str(recipe), "--prompts", "10", "--new-tokens", "8", "--steps", "2", "--init", "target"]
+    assert main(args + ["--kind", "medusa", "-o", str(tmp_path / "m")]) == 2  # a clear error, before any data
+    assert main(args + ["--kind", "eagle", "-o", str(tmp_path / "e")]) == 0
+    assert json.loads((tmp_path / "e" / "card.json").read_text())["train"]["init"] == "target"
+
+
 def test_trained_eagle3_head_loads_compiles_and_stays_lossless(target, tmp_path, monkeypatch):
     """`train-head --kind eagle3`: a specc-layout EAGLE-3 head (fc over the default layers) that loads back
     as it was trained, compiles as draft.method eagle with the fusion in the target graph, and drafts

@@ -262,7 +262,7 @@ def cmd_train_head(args) -> int:
     loaded = load_model(recipe.target.model)
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll,
-                      dtype=args.dtype)
+                      dtype=args.dtype, init=args.init)
     data_cfgs = consecutive_sets(args.prompts or [192], new_tokens=args.new_tokens, source=args.source, dtype=args.dtype)
     output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
     _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfgs, output, cache_dir("heads"))
@@ -482,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0: the full vocabulary)")
     p.add_argument("--unroll", type=int, default=3,
                    help="eagle: draft steps trained per position, fed the head's own features (1: teacher forcing only)")
+    p.add_argument("--init", choices=("random", "target"), default="random",
+                   help="eagle: target starts the head's decoder layer as the target's last layer (attention, MLP) "
+                        "with fc passing the feature through; random: EAGLE's fresh layer")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out acceptance estimates")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the target's passes and the training matmuls; bfloat16 is several times faster on CPUs with "

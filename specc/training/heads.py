@@ -29,7 +29,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..errors import SpeccError
-from ..heads.eagle import EagleBase
+from ..capture.families import family_for
+from ..heads.eagle import EagleBase, EagleHead
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from ..heads.medusa import MedusaHeads
 from ..heads.store import build_head, head_tensors, save_head
@@ -51,9 +52,33 @@ class TrainConfig:
     checkpoint_every: int = 100
     seed: int = 0
     dtype: str = "float32"  # the losses' matmuls: float32, or bfloat16 autocast (weights and optimizer stay float32)
+    init: str = "random"  # eagle: "target" starts the head's layer as the target's last one (start_from_target)
 
 
 ROUND_K = 3  # drafts per round of the card's greedy-run estimate (round_acceptance)
+
+
+INITS = ("random", "target")
+
+
+def start_from_target(head: EagleHead, target) -> None:
+    """`--init target`: the head's decoder layer starts as the target's last one (attention, post-attention
+    norm, MLP) and fc as [0 | I] without bias, passing the feature through: pretrained weights for a head
+    trained on little data. Requires a layer of the head's names and shapes and norms without an offset."""
+    if family_for(target.config).norm_offset:
+        raise SpeccError(f"--init target: {target.config.model_type} norms scale by (1 + w), the head's by w; "
+                         "allowed here: --init random")
+    last, mine = target.model.layers[-1].state_dict(), head.layers[0].state_dict()
+    missing = [k for k in mine if k not in last or last[k].shape != mine[k].shape]
+    if missing:
+        raise SpeccError(f"--init target: the target's last layer has no {', '.join(missing)} of the head's shape; "
+                         "allowed here: --init random")
+    head.layers[0].load_state_dict({k: last[k] for k in mine})
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, head.hidden:] = torch.eye(head.hidden)
+        if head.fc.bias is not None:
+            head.fc.bias.zero_()
 
 
 def default_lr(hidden: int) -> float:
@@ -315,6 +340,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     if cfg.lr is not None and not (isinstance(cfg.lr, float) and 0 < cfg.lr < 1):
         raise SpeccError(f"--lr {cfg.lr!r}: allowed a number between 0 and 1 (AdamW's peak learning rate)")
+    if cfg.init not in INITS or (cfg.init == "target" and cfg.kind != "eagle"):
+        raise SpeccError(f"--init {cfg.init!r} with --kind {cfg.kind}: allowed random, or target with --kind eagle")
     torch.manual_seed(cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -349,6 +376,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
         to_draft[draft_vocab] = torch.arange(len(draft_vocab))
     head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab, feature_layers=layers)
+    if cfg.init == "target":
+        start_from_target(head, model)  # a resumed checkpoint's weights replace these below
     params = [p for p in head.parameters() if p.requires_grad and p.data_ptr() not in
               {q.data_ptr() for q in model.parameters()}]
     if cfg.lr is None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -192,14 +193,13 @@ def acceptance(head, data: dict, rows: torch.Tensor, depth: int, starts: int = 6
         span = ok[2:].unfold(0, depth - 1, 1).prod(-1) if depth > 1 else ok[2:]
         candidates = [o for o in span.nonzero()[:, 0].tolist() if o + depth < n]
         chosen = candidates[::max(1, len(candidates) // starts)][:starts]
-        entered = _eagle_enter(head, data, r, max(chosen) + 1) if chosen and not isinstance(head, MedusaHeads) else None
+        if not chosen:
+            continue
+        drafts = _drafter(head, data, r, max(chosen) + 1)
         for o in chosen:
             target = argmax[r, o + 1:o + 1 + depth]
-            if isinstance(head, MedusaHeads):
-                drafts = head(data["features"][r, o].float())[:depth].argmax(-1)
-            else:
-                drafts = _eagle_chain(head, entered, o, depth)
-            hit = (drafts == target[:len(drafts)]).long().cumprod(-1)
+            drafted = drafts(o, depth)
+            hit = (drafted == target[:len(drafted)]).long().cumprod(-1)
             hits[:len(hit)] += hit.float()
             total += 1
     return (hits / max(total, 1)).tolist()
@@ -299,8 +299,6 @@ def saved_draft_vocab(output: Path) -> tuple[torch.Tensor | None, str] | None:
     ckpt = output / "checkpoint.safetensors"
     if not ckpt.is_file():
         return None
-    from safetensors import safe_open
-
     for path in (ckpt, output / "model.safetensors"):
         if path.is_file():
             with safe_open(str(path), "pt") as f:
@@ -439,7 +437,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         "held_out": {"greedy_acceptance_by_position_before": before, "greedy_acceptance_by_position": after,
                      "top1_agreement": after[0], "expected_accepted_per_round": sum(after),
                      f"round_acceptance_by_position_k{ROUND_K}": in_rounds, "rounds": n_rounds,
-                     "tokens_per_target_pass_k{}".format(ROUND_K): 1 + sum(in_rounds)},
+                     f"tokens_per_target_pass_k{ROUND_K}": 1 + sum(in_rounds)},
     }
     save_head(output, head, model, card)
     return head, card

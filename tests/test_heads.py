@@ -225,6 +225,26 @@ def test_recipe_needs_a_head_for_head_methods():
     parse_recipe({"target": {"model": "t"}, "draft": {"method": "medusa", "head": "h"}, "speculation": {"mode": "tree"}})
 
 
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--steps", "-1"], ["--batch-seqs", "0"], ["--eval-every", "0"],
+                                 ["--heads", "0"], ["--draft-vocab", "-5"], ["--new-tokens", "0"], ["--prompts", "0"],
+                                 ["--unroll", "0"], ["--lr", "2"]])
+def test_train_head_refuses_bad_settings_before_loading_the_target(tmp_path, monkeypatch, capsys, bad):
+    import specc.models.load
+    from specc.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded before the settings were checked")
+
+    monkeypatch.setattr(specc.models.load, "load_model", no_load)
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("target:\n  model: smollm2-135m-instruct\ndraft:\n  method: prompt_lookup\n")
+    assert main(["train-head", str(recipe), "--kind", "medusa", *bad, "-o", str(tmp_path / "head")]) == 2
+    err = capsys.readouterr().err
+    assert f"specc: error: {bad[0]} " in err and "allowed" in err and "Traceback" not in err
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
 def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
     from specc.cli import main

@@ -324,10 +324,8 @@ def consecutive_sets(counts: list[int], **fields) -> list[DataConfig]:
     return sets
 
 
-def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
-               cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
-    """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
-    card) and returns (head, card)."""
+def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig]) -> None:
+    """Refuse, with one clear error, settings train_head could not use: before any model is loaded or data built."""
     if cfg.kind not in ("medusa", "eagle", "eagle3"):
         raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle, eagle3")
     if cfg.dtype not in DTYPES or any(d.dtype not in DTYPES for d in data_cfgs):
@@ -340,6 +338,22 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         raise SpeccError(f"--lr {cfg.lr!r}: allowed a number between 0 and 1 (AdamW's peak learning rate)")
     if cfg.init not in INITS or (cfg.init == "target" and cfg.kind != "eagle"):
         raise SpeccError(f"--init {cfg.init!r} with --kind {cfg.kind}: allowed random, or target with --kind eagle")
+    for flag, value, least, what in (("--steps", cfg.steps, 1, "training steps in all, resumed ones included"),
+                                     ("--batch-seqs", cfg.batch_seqs, 1, "sequences per step"),
+                                     ("--eval-every", cfg.eval_every, 1, "steps between held-out estimates"),
+                                     ("--heads", cfg.heads, 1, "Medusa heads"),
+                                     ("--draft-vocab", cfg.draft_vocab or 0, 0, "tokens; 0: the full vocabulary"),
+                                     *(("--new-tokens", d.new_tokens, 1, "tokens the target writes per answer")
+                                       for d in data_cfgs[:1])):
+        if not isinstance(value, int) or value < least:
+            raise SpeccError(f"{flag} {value!r}: allowed an integer >= {least} ({what})")
+
+
+def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
+               cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
+    """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
+    card) and returns (head, card)."""
+    check_train_config(cfg, data_cfgs)
     torch.manual_seed(cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -266,6 +266,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert all(torch.equal(v, saved[k]) for k, v in heads_in_ckpt.items())
     before = json.loads((tmp_path / "head" / "card.json").read_text())["held_out"]["greedy_acceptance_by_position"]
     assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
+    assert main(args + ["--steps", "3"]) == 2  # fewer steps than the head has trained: refused, nothing rewritten
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
     assert card["held_out"]["greedy_acceptance_by_position_before"] == before  # the step-2 head, restored

@@ -277,13 +277,18 @@ def _checkpoint(path: Path, head, opt, step: int) -> None:
     path.with_suffix(".partial").rename(path)
 
 
-def _resume(path: Path, head, opt) -> int:
+def _checkpoint_step(path: Path) -> int:
+    """The step a checkpoint was written at; 0 if there is none."""
     if not path.is_file():
         return 0
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as f:
-        step = int(f.metadata()["step"])
+        return int(f.metadata()["step"])
+
+
+def _resume(path: Path, head, opt) -> int:
+    step = _checkpoint_step(path)
+    if not step:
+        return 0
     tensors = load_file(str(path))
     head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, strict=False)
     for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
@@ -359,6 +364,10 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         p.requires_grad_(False)
     t0 = time.perf_counter()
     layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
+    done = _checkpoint_step(output / "checkpoint.safetensors")
+    if done > cfg.steps:
+        raise SpeccError(f"--steps {cfg.steps}: the head in {output} has trained {done} steps already; allowed "
+                         f"--steps >= {done} (the total, resumed steps included), or remove {output} to start over")
     resumed_vocab = saved_draft_vocab(output)
     if resumed_vocab is not None:
         size = None if resumed_vocab[0] is None else len(resumed_vocab[0])

@@ -260,12 +260,12 @@ def cmd_train_head(args) -> int:
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll,
                       dtype=args.dtype, init=args.init)
     data_cfgs = consecutive_sets(args.prompts or [192], new_tokens=args.new_tokens, source=args.source, dtype=args.dtype)
-    check_train_config(cfg, data_cfgs)
+    output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
+    check_train_config(cfg, data_cfgs, output)
     if args.dtype == "bfloat16" and not cpu()["native_bfloat16"]:
         print("specc: warning: this CPU has no native bfloat16 matmul (AVX512-BF16 or AMX; `specc doctor`): "
               "--dtype bfloat16 is emulated here and slower than float32", file=sys.stderr)
     loaded = load_model(recipe.target.model)
-    output = args.output or Path("heads") / f"{Path(recipe.target.model).name}-{args.kind}"
     _, card = train_head(loaded.model, loaded.tokenizer, recipe.target.model, cfg, data_cfgs, output, cache_dir("heads"))
     acc = card["held_out"]["greedy_acceptance_by_position"]
     print(f"{args.kind} head for {recipe.target.model}: {card['data']['tokens']} tokens, {card['steps']} steps, "

@@ -329,8 +329,9 @@ def consecutive_sets(counts: list[int], **fields) -> list[DataConfig]:
     return sets
 
 
-def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig]) -> None:
-    """Refuse, with one clear error, settings train_head could not use: before any model is loaded or data built."""
+def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path) -> None:
+    """Refuse, with one clear error, settings train_head could not use for the head in output/: before any
+    model is loaded or data built."""
     if cfg.kind not in ("medusa", "eagle", "eagle3"):
         raise SpeccError(f"--kind {cfg.kind!r}: allowed medusa, eagle, eagle3")
     if cfg.dtype not in DTYPES or any(d.dtype not in DTYPES for d in data_cfgs):
@@ -348,26 +349,26 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig]) -> None:
                                      ("--eval-every", cfg.eval_every, 1, "steps between held-out estimates"),
                                      ("--heads", cfg.heads, 1, "Medusa heads"),
                                      ("--draft-vocab", cfg.draft_vocab or 0, 0, "tokens; 0: the full vocabulary"),
-                                     *(("--new-tokens", d.new_tokens, 1, "tokens the target writes per answer")
-                                       for d in data_cfgs[:1])):
+                                     ("--new-tokens", min(d.new_tokens for d in data_cfgs), 1,
+                                      "tokens the target writes per answer")):
         if not isinstance(value, int) or value < least:
             raise SpeccError(f"{flag} {value!r}: allowed an integer >= {least} ({what})")
+    done = _checkpoint_step(output / "checkpoint.safetensors")
+    if done > cfg.steps:
+        raise SpeccError(f"--steps {cfg.steps}: the head in {output} has trained {done} steps already; allowed "
+                         f"--steps >= {done} (the total, resumed steps included), or remove {output} to start over")
 
 
 def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
                cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
     """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
     card) and returns (head, card)."""
-    check_train_config(cfg, data_cfgs)
+    check_train_config(cfg, data_cfgs, output)
     torch.manual_seed(cfg.seed)
     for p in model.parameters():
         p.requires_grad_(False)
     t0 = time.perf_counter()
     layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
-    done = _checkpoint_step(output / "checkpoint.safetensors")
-    if done > cfg.steps:
-        raise SpeccError(f"--steps {cfg.steps}: the head in {output} has trained {done} steps already; allowed "
-                         f"--steps >= {done} (the total, resumed steps included), or remove {output} to start over")
     resumed_vocab = saved_draft_vocab(output)
     if resumed_vocab is not None:
         size = None if resumed_vocab[0] is None else len(resumed_vocab[0])

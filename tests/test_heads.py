@@ -245,6 +245,67 @@ def test_train_head_refuses_bad_settings_before_loading_the_target(tmp_path, mon
     assert not (tmp_path / "cache").exists()
 
 
+def _checkpoint(path, step="3", **meta) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({"head.fc.weight": torch.zeros(2, 2), "draft_vocab": torch.arange(64)}, str(path / "checkpoint.safetensors"),
+              metadata={"step": step, **meta})
+
+
+@pytest.mark.parametrize("case", ["a file", "other files", "another kind", "another kind, older checkpoint",
+                                  "other heads", "other draft vocabulary", "unreadable checkpoint"])
+def test_train_head_refuses_an_output_it_cannot_resume_before_loading_the_target(tmp_path, monkeypatch, capsys, case):
+    """-o must be new, empty, or a head trained with these settings: anything else would overwrite files, or
+    fail (or silently resume nothing) only after the data build."""
+    import specc.models.load
+    from specc.cli import main
+
+    monkeypatch.setattr(specc.models.load, "load_model", lambda *a, **k: pytest.fail("the target was loaded"))
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe, out, kind = tmp_path / "r.yaml", tmp_path / "head", "medusa"
+    recipe.write_text("target:\n  model: smollm2-135m-instruct\ndraft:\n  method: prompt_lookup\n")
+    if case == "a file":
+        out.write_text("notes")
+    elif case == "other files":
+        out.mkdir()
+        (out / "config.json").write_text("{}")  # e.g. a published head
+    elif case == "another kind":
+        _checkpoint(out, kind="eagle")
+    elif case == "another kind, older checkpoint":  # metadata of step only: the saved head's config says the kind
+        _checkpoint(out)
+        (out / "config.json").write_text(json.dumps({"format": "specc-head", "kind": "eagle", "eagle3": True}))
+    elif case == "other heads":
+        _checkpoint(out, kind="medusa", heads="2")
+    elif case == "other draft vocabulary":
+        _checkpoint(out, kind="eagle")
+        kind = "eagle"
+    else:
+        out.mkdir()
+        (out / "checkpoint.safetensors").write_bytes(b"not safetensors")
+    args = ["train-head", str(recipe), "--kind", kind, "--steps", "5", "-o", str(out)]
+    assert main(args + (["--draft-vocab", "32"] if case == "other draft vocabulary" else [])) == 2
+    err = capsys.readouterr().err
+    want = {"a file": "a file", "other files": "no train-head checkpoint", "another kind": "--kind eagle to resume",
+            "another kind, older checkpoint": "--kind eagle3 to resume", "other heads": "--heads 2 to resume",
+            "other draft vocabulary": "--draft-vocab 64 to resume", "unreadable checkpoint": "not a readable"}[case]
+    assert want in err and "Traceback" not in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_other_weights(target, tmp_path):
+    """The backstop for checkpoints that say nothing of their settings: shapes are compared before loading."""
+    from specc.errors import SpeccError
+    from specc.heads.store import build_head
+    from specc.training.heads import _checkpoint, _resume
+
+    _, hf = target
+    medusa = build_head("medusa", hf, n_heads=2)
+    _checkpoint(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters()), 3, "medusa")
+    eagle = build_head("eagle", hf)
+    with pytest.raises(SpeccError, match="does not hold this head's weights"):
+        _resume(tmp_path / "checkpoint.safetensors", eagle, torch.optim.AdamW(eagle.parameters()))
+    assert _resume(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters())) == 3
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
 def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
     from specc.cli import main
@@ -267,6 +328,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     before = json.loads((tmp_path / "head" / "card.json").read_text())["held_out"]["greedy_acceptance_by_position"]
     assert main(args + ["--steps", "4"]) == 0  # resumes from the step-2 checkpoint
     assert main(args + ["--steps", "3"]) == 2  # fewer steps than the head has trained: refused, nothing rewritten
+    assert main(args[:3] + ["eagle" if kind == "medusa" else "medusa"] + args[4:] + ["--steps", "6"]) == 2  # another kind
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     assert card["resumed_from_step"] == 2 and card["steps"] == 4 and card["data"]["reused"]
     assert card["held_out"]["greedy_acceptance_by_position_before"] == before  # the step-2 head, restored

@@ -18,6 +18,7 @@ drafting chains (EAGLE: autoregressively with its own cache) on answers the targ
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -264,7 +265,7 @@ def _eagle_chain(head: EagleBase, entered: tuple, o: int, depth: int) -> torch.T
     return torch.cat(out)
 
 
-def _checkpoint(path: Path, head, opt, step: int) -> None:
+def _checkpoint(path: Path, head, opt, step: int, kind: str) -> None:
     tensors = {f"head.{k}": v for k, v in head_tensors(head).items() if k != "draft_vocab"}  # as save_head writes
     if head.vocab.draft_vocab is not None:
         tensors["draft_vocab"] = head.vocab.draft_vocab.contiguous()
@@ -273,23 +274,47 @@ def _checkpoint(path: Path, head, opt, step: int) -> None:
         if st:
             tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].contiguous()
             tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
-    save_file(tensors, str(path.with_suffix(".partial")), metadata={"step": str(step)})
+    meta = {"step": str(step), "kind": kind}
+    if isinstance(head, MedusaHeads):
+        meta["heads"] = str(head.n_heads)
+    save_file(tensors, str(path.with_suffix(".partial")), metadata=meta)
     path.with_suffix(".partial").rename(path)
 
 
-def _checkpoint_step(path: Path) -> int:
-    """The step a checkpoint was written at; 0 if there is none."""
-    if not path.is_file():
-        return 0
-    with safe_open(str(path), "pt") as f:
-        return int(f.metadata()["step"])
+def checkpoint_facts(output: Path) -> dict | None:
+    """What the checkpoint in output/ was trained as: its step, kind, Medusa heads and draft vocabulary size
+    (None: not known before the target loads); from its metadata or, for checkpoints written before it held
+    them, the saved head's config.json. None if output/ holds no checkpoint."""
+    ckpt = output / "checkpoint.safetensors"
+    if not ckpt.is_file():
+        return None
+    try:
+        with safe_open(str(ckpt), "pt") as f:
+            meta = f.metadata() or {}
+            vocab = f.get_slice("draft_vocab").get_shape()[0] if "draft_vocab" in f.keys() else None
+        step = int(meta["step"])
+        kind, heads = meta.get("kind"), meta.get("heads")
+        if kind is None and (output / "config.json").is_file():
+            saved = json.loads((output / "config.json").read_text())
+            kind = "eagle3" if saved.get("eagle3") else saved.get("kind")
+            heads = saved.get("medusa_num_heads")
+    except Exception as exc:  # safetensors and json raise several types for unreadable files
+        raise SpeccError(f"{ckpt} is not a readable train-head checkpoint ({exc}); remove {output} to start "
+                         "over") from None
+    return {"step": step, "kind": kind, "heads": None if heads is None else int(heads), "draft_vocab": vocab}
 
 
 def _resume(path: Path, head, opt) -> int:
-    step = _checkpoint_step(path)
-    if not step:
+    facts = checkpoint_facts(path.parent)
+    if facts is None:
         return 0
-    tensors = load_file(str(path))
+    step, tensors = facts["step"], load_file(str(path))
+    want = {k: v.shape for k, v in head_tensors(head).items() if k != "draft_vocab"}
+    got = {k[5:]: v.shape for k, v in tensors.items() if k.startswith("head.")}
+    if got != want:
+        odd = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        raise SpeccError(f"{path} does not hold this head's weights (differing: {', '.join(odd[:4])}); resume it "
+                         f"with the settings it was trained with, or remove {path.parent} to start over")
     head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")}, strict=False)
     for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
         if f"opt.{i}.exp_avg" in tensors:
@@ -353,10 +378,28 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Pa
                                       "tokens the target writes per answer")):
         if not isinstance(value, int) or value < least:
             raise SpeccError(f"{flag} {value!r}: allowed an integer >= {least} ({what})")
-    done = _checkpoint_step(output / "checkpoint.safetensors")
-    if done > cfg.steps:
-        raise SpeccError(f"--steps {cfg.steps}: the head in {output} has trained {done} steps already; allowed "
-                         f"--steps >= {done} (the total, resumed steps included), or remove {output} to start over")
+    if output.exists() and not output.is_dir():
+        raise SpeccError(f"-o {output}: a file; allowed a new directory, or one holding a head to resume")
+    facts = checkpoint_facts(output)
+    if facts is None:
+        if output.is_dir() and any(output.iterdir()):
+            raise SpeccError(f"-o {output}: holds files but no train-head checkpoint to resume (its files would be "
+                             "overwritten); allowed a new or empty directory, or one holding a head to resume")
+        return
+    if facts["kind"] is not None and facts["kind"] != cfg.kind:
+        raise SpeccError(f"--kind {cfg.kind}: the head in {output} was trained with --kind {facts['kind']}; allowed "
+                         f"--kind {facts['kind']} to resume it, or another -o")
+    if cfg.kind == "medusa" and facts["heads"] is not None and facts["heads"] != cfg.heads:
+        raise SpeccError(f"--heads {cfg.heads}: the head in {output} has {facts['heads']} Medusa heads; allowed "
+                         f"--heads {facts['heads']} to resume it, or another -o")
+    if facts["draft_vocab"] is not None and facts["draft_vocab"] != cfg.draft_vocab:
+        raise SpeccError(f"--draft-vocab {cfg.draft_vocab or 0}: the head in {output} has a draft vocabulary of "
+                         f"{facts['draft_vocab']} tokens; allowed --draft-vocab {facts['draft_vocab']} to resume it, "
+                         "or another -o")
+    if facts["step"] > cfg.steps:
+        raise SpeccError(f"--steps {cfg.steps}: the head in {output} has trained {facts['step']} steps already; "
+                         f"allowed --steps >= {facts['step']} (the total, resumed steps included), or remove {output} "
+                         "to start over")
 
 
 def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
@@ -436,7 +479,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
             estimate = acceptance(head.eval(), data, held, cfg.eval_depth)
             head.train()
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            _checkpoint(ckpt, head, opt, step + 1)
+            _checkpoint(ckpt, head, opt, step + 1, cfg.kind)
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
                         held_out_accept=",".join(f"{a:.2f}" for a in estimate[:4]))
     head.eval()

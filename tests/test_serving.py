@@ -285,3 +285,42 @@ def test_429_over_http(model):
         assert 200 in codes and 429 in codes, codes
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("host, port, match", [("127.0.0.1", 70000, "allowed an integer in 0..65535"),
+                                               ("127.0.0.1", -1, "allowed an integer in 0..65535"),
+                                               ("nosuch.invalid", 0, "cannot listen on nosuch.invalid:0"),
+                                               ("127.0.0.1", "busy", "cannot listen on 127.0.0.1:")])
+def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(bundles, monkeypatch, host, port, match):
+    """A busy port, a port out of range or an unknown host: one clear error before the bundle loads (uvicorn
+    used to log it after loading, and an out-of-range port ended in a traceback)."""
+    import socket
+
+    import specc.runtime.model
+    from specc.errors import SpeccError
+    from specc.serving import serve
+
+    monkeypatch.setattr(specc.runtime.model, "load", lambda *a, **k: pytest.fail("the bundle was loaded"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if port == "busy":
+            port = busy.getsockname()[1]
+        with pytest.raises(SpeccError, match=match):
+            serve(bundles["draft"], host=host, port=port)
+
+
+def test_serve_hands_uvicorn_the_socket_it_bound(bundles, monkeypatch, capfd):
+    seen = {}
+
+    def run(server, sockets=None):
+        seen["app"], seen["sockets"] = server.config.app, sockets
+        seen["port"] = sockets[0].getsockname()[1]
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    from specc.serving import serve
+
+    serve(bundles["draft"], port=0, name="tiny")
+    assert seen["port"] > 0 and seen["app"].state.engine is not None
+    assert seen["sockets"][0].fileno() == -1  # closed once the server returns
+    assert f"Uvicorn running on http://127.0.0.1:{seen['port']} " in capfd.readouterr().err  # the address, as uvicorn says it

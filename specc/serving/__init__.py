@@ -6,6 +6,8 @@ worker thread and its fan-out to asyncio), metrics.py. Needs the `serve` extra:
 """
 from __future__ import annotations
 
+import logging
+import socket
 from pathlib import Path
 
 from ..errors import SpeccError
@@ -26,7 +28,32 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
 
     if max_queue < 1:
         raise SpeccError(f"--max-queue must be >= 1, got {max_queue}")
-    model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
-    app = create_app(model, name=name or Path(bundle).resolve().name, k=k, speculative=speculative,
-                     max_batch=max_batch, max_queue=max_queue, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    sock = listen_socket(host, port)  # before the bundle loads: a busy port or a bad host fails at once
+    try:
+        model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
+        app = create_app(model, name=name or Path(bundle).resolve().name, k=k, speculative=speculative,
+                         max_batch=max_batch, max_queue=max_queue, api_key=api_key)
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+        address = f"[{host}]" if ":" in host else host  # uvicorn logs its address only for sockets it binds
+        logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                                                address, sock.getsockname()[1])
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port as uvicorn binds it (IPv6 where the host has a colon; port 0: a free
+    port), or one clear error naming the address."""
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise SpeccError(f"--port {port!r}: allowed an integer in 0..65535 (0: any free port)")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:  # socket.gaierror (an unknown host) is one
+        sock.close()
+        raise SpeccError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; allowed a free port and an "
+                         "address of this machine (--host 127.0.0.1 for this machine only, 0.0.0.0 for every "
+                         "interface)") from None
+    return sock

@@ -324,3 +324,26 @@ def test_serve_hands_uvicorn_the_socket_it_bound(bundles, monkeypatch, capfd):
     assert seen["port"] > 0 and seen["app"].state.engine is not None
     assert seen["sockets"][0].fileno() == -1  # closed once the server returns
     assert f"Uvicorn running on http://127.0.0.1:{seen['port']} " in capfd.readouterr().err  # the address, as uvicorn says it
+
+
+@pytest.mark.parametrize("settings, match", [({"api_key": ""}, "--api-key"), ({"api_key": "two words"}, "--api-key"),
+                                             ({"api_key": "key\n"}, "--api-key"), ({"name": ""}, "--name")])
+def test_serve_refuses_an_empty_api_key_or_name_before_loading(bundles, monkeypatch, settings, match):
+    """An empty key (an unset variable) would admit every client that sends `Bearer ` with nothing after it."""
+    import specc.runtime.model
+    from specc.errors import SpeccError
+    from specc.serving import serve
+
+    monkeypatch.setattr(specc.runtime.model, "load", lambda *a, **k: pytest.fail("the bundle was loaded"))
+    with pytest.raises(SpeccError, match=match):
+        serve(bundles["draft"], port=0, **settings)
+
+
+def test_the_api_key_comes_from_specc_api_key(monkeypatch):
+    from specc.cli import build_parser
+
+    monkeypatch.setenv("SPECC_API_KEY", "s3cret")
+    assert build_parser().parse_args(["serve", "b"]).api_key == "s3cret"
+    assert build_parser().parse_args(["serve", "b", "--api-key", "other"]).api_key == "other"
+    monkeypatch.delenv("SPECC_API_KEY")
+    assert build_parser().parse_args(["serve", "b"]).api_key is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -360,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
-    p.add_argument("--api-key", help="require the header Authorization: Bearer API_KEY on /v1/*")
+    p.add_argument("--api-key", default=os.environ.get("SPECC_API_KEY"),
+                   help="require the header Authorization: Bearer API_KEY on /v1/* (default: $SPECC_API_KEY, "
+                        "which keeps the key out of the process list)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
     p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429")
     p.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or auto (default)")

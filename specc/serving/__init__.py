@@ -21,17 +21,19 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
     try:
         import uvicorn
 
-        from .app import create_app
+        from .app import check_server_settings, create_app
     except ImportError as exc:
         raise SpeccError(f"specc serve needs the serve extra ({exc.name} is missing): pip install 'specc[serve]'") from None
     from ..runtime.model import load
 
     if max_queue < 1:
         raise SpeccError(f"--max-queue must be >= 1, got {max_queue}")
+    name = Path(bundle).resolve().name if name is None else name
+    check_server_settings(name, api_key)
     sock = listen_socket(host, port)  # before the bundle loads: a busy port or a bad host fails at once
     try:
         model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
-        app = create_app(model, name=name or Path(bundle).resolve().name, k=k, speculative=speculative,
+        app = create_app(model, name=name, k=k, speculative=speculative,
                          max_batch=max_batch, max_queue=max_queue, api_key=api_key)
         config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
         address = f"[{host}]" if ":" in host else host  # uvicorn logs its address only for sockets it binds

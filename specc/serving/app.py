@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import RequestError
+from ..errors import RequestError, SpeccError
 from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job
@@ -25,9 +25,20 @@ DISCONNECT_POLL_S = 0.5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
 
 
+def check_server_settings(name: str, api_key: str | None) -> None:
+    """The served model name must be printable text and an API key a non-empty bearer token: an empty key
+    (say, from an unset variable) would let through every client that sends an empty one."""
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise SpeccError(f"--name {name!r}: allowed a non-empty printable model name")
+    if api_key is not None and not (api_key and all("!" <= c <= "~" for c in api_key)):
+        raise SpeccError("--api-key (or SPECC_API_KEY): empty or not a bearer token; allowed visible ASCII "
+                         "characters without spaces, or no key at all to serve without authorization")
+
+
 def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "auto", speculative: bool = True,
                max_batch: int | None = None, max_queue: int = 256, api_key: str | None = None, log=print) -> FastAPI:
     """An app serving `model`; the engine thread starts with the app (its lifespan) and stops with it."""
+    check_server_settings(name, api_key)
     engine = AsyncEngine(model, k=k, speculative=speculative, max_batch=max_batch, max_queue=max_queue, log=log)
     metrics = engine.metrics
 

@@ -578,6 +578,11 @@ CLI_CASES = [
     (["triton", "{ort}", "--repo", "{tmp}/r", "--expect-id", "sha256:" + "1" * 64], "not the expected"),
     (["bench", "{ort}", "{ort}", "--prompt", "x", "--expect-id", "sha256:" + "1" * 64], "pins one bundle"),
     (["bench", "{ort}", "--prompt", "x", "--max-new-tokens", "2", "--json", "/proc/specc-x/b.json"], "/proc/specc-x"),
+    (["bench", "{ort}", "--prompt", "x", "--json", "{binary}/b.json"], "is not a folder"),  # before the run, not after
+    (["bench", "{ort}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens 0: allowed"),
+    (["eval", "{ort}", "--prompt", "x y", "--expect-id", "sha256:" + "1" * 64], "not the expected"),
+    (["eval", "{ort}", "--prompt", "x y", "--json", "{binary}/e.json"], "is not a folder"),
+    (["tune", "{ort}", "--prompt", "x", "--json", "{nonbundle}"], "a directory"),
     (["trt-check", "{binary}"], "is not an ONNX model"),
 ]
 

@@ -35,6 +35,18 @@ def _load(args):
                 trust_code=args.trust_code)
 
 
+def _check_output_file(path: Path | None, flag: str = "--json") -> None:
+    """Refuse, before a long run, a file the run could not write at its end (folders are created)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise SpeccError(f"{flag} {path}: a directory; allowed a file path (its folders are created)")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise SpeccError(f"{flag} {path}: {folder} is {'not a folder' if not folder.is_dir() else 'not writable'}; "
+                         "allowed a file path under a folder you can write")
+
+
 def _read_prompts(args) -> list[dict]:
     from ..bench.run import read_prompts
 
@@ -100,6 +112,9 @@ def cmd_bench(args) -> int:
 
     if args.expect_id and len(args.bundle) != 1:
         raise SpeccError(f"--expect-id pins one bundle; bench was given {len(args.bundle)}")
+    _check_output_file(args.json)
+    if args.max_new_tokens < 1:
+        raise SpeccError(f"--max-new-tokens {args.max_new_tokens}: allowed an integer >= 1")
     models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
     try:
         trees = [TreeShape.parse(t) for t in args.tree or []]
@@ -114,9 +129,10 @@ def cmd_bench(args) -> int:
 def cmd_eval(args) -> int:
     from ..bench.quality import evaluate, format_eval, text_chunks
     from ..bench.run import encode_prompts
-    from ..runtime.model import load
+    from ..bench.tune import write_json
 
-    model = load(args.bundle, verify=not args.no_verify)
+    _check_output_file(args.json)
+    model = _load(args)
     texts = text_chunks(model, args.text, args.chunk_tokens) if args.text else []
     if args.prompt or args.prompts:
         texts += [ids for ids in encode_prompts(model, _read_prompts(args)) if len(ids) >= 2]
@@ -125,7 +141,7 @@ def cmd_eval(args) -> int:
     results = evaluate(model, texts, gguf=args.gguf, threads=args.threads)
     print(format_eval(results))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(results, args.json)
         print(f"written: {args.json}")
     return 0
 
@@ -135,6 +151,7 @@ def cmd_tune(args) -> int:
 
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
+    _check_output_file(args.json)
     model = _load(args)
     if args.recipe:
         check_recipe_matches(args.recipe, model)

@@ -7,6 +7,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -153,6 +155,9 @@ def test_stop_strings(server, model):
     ({"model": "tiny", "prompt": "a", "presence_penalty": 0.5}, "presence_penalty"),
     ({"model": "tiny", "prompt": "a", "max_tokens": 100000}, "max_tokens"),
     ({"model": "tiny", "prompt": "a" * 300}, "prompt"),
+    ({"model": "tiny", "prompt": "a", "seed": -10**30}, "seed"),
+    ({"model": "tiny", "prompt": "a", "seed": 2**64}, "seed"),
+    ({"model": "tiny", "prompt": "a", "seed": 2**64 - 1, "n": 2}, None),  # row 1's seed is past 2**64 - 1
 ])
 def test_bad_completion_requests_answer_400_naming_the_field(server, body, param):
     r = server.post("/v1/completions", body)
@@ -347,3 +352,36 @@ def test_the_api_key_comes_from_specc_api_key(monkeypatch):
     assert build_parser().parse_args(["serve", "b", "--api-key", "other"]).api_key == "other"
     monkeypatch.delenv("SPECC_API_KEY")
     assert build_parser().parse_args(["serve", "b"]).api_key is None
+
+
+ODD = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6)
+       | st.lists(st.integers(-2, 2**40) | st.text(max_size=3), max_size=3) | st.lists(st.lists(st.integers(-1, 600), max_size=2), max_size=2)
+       | st.dictionaries(st.text(max_size=3), st.integers() | st.text(max_size=2), max_size=2))
+FIELDS = ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+          "stream_options", "logprobs", "echo", "best_of", "suffix", "user", "presence_penalty", "logit_bias")
+MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "x"]) | ODD,
+                                           "content": st.text(max_size=8) | ODD}), max_size=3)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(model):
+    logged = []
+    s = Server(create_app(model, name="tiny", max_queue=64, log=logged.append))
+    yield s, logged
+    s.stop()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(chat=st.booleans(), changes=st.dictionaries(st.sampled_from(FIELDS), ODD | MESSAGES, max_size=3))
+def test_fuzzed_requests_answer_200_or_a_4xx_error(fuzz_server, chat, changes):
+    """Any JSON body: an answer or an OpenAI error naming what is wrong, never a 5xx or a logged traceback."""
+    s, logged = fuzz_server
+    body = {"model": "tiny", "max_tokens": 3, **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
+    body.update(changes)
+    r = s.post("/v1/chat/completions" if chat else "/v1/completions", body)
+    assert r.status_code == 200 or 400 <= r.status_code < 500, (body, r.text)
+    if r.status_code != 200:
+        assert r.json()["error"]["message"]
+    elif body.get("stream") is not True:
+        assert r.json()["choices"]
+    assert not logged, logged

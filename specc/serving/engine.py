@@ -113,6 +113,10 @@ class AsyncEngine(EngineThread):
             self._dequeued(len(job.indices))
             self._post(job, exc)
             return
+        except RequestError as exc:  # the runtime's own checks of a request (e.g. seed + row past 2**64 - 1)
+            self._dequeued(len(job.indices))
+            self._post(job, APIError(400, str(exc)))
+            return
         except Exception as exc:  # e.g. a chat template that fails on these messages
             self.log(f"specc serve: could not prepare a request:\n{traceback.format_exc()}")
             self._dequeued(len(job.indices))

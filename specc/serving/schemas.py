@@ -40,7 +40,7 @@ class _Sampling(BaseModel):
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, description="extension (as in vLLM): keep the k most likely tokens; 0 or -1: off")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**64 - 1)
     stop: Union[str, list[str], None] = None
     n: int = Field(1, ge=1, le=16)
     stream: bool = False

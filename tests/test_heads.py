@@ -307,7 +307,7 @@ def test_resume_refuses_a_checkpoint_of_other_weights(target, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
-def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, kind):
+def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypatch, capsys, kind):
     from specc.cli import main
     from specc.training.heads import default_lr
 
@@ -340,7 +340,9 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
 
     # a second data set: only its prompts are answered, training resumes with the head's own draft vocabulary
     assert main(args + ["--prompts", "10", "--steps", "5", "--draft-vocab", "32"]) == 2  # not the head's vocabulary
+    capsys.readouterr()
     assert main(args + ["--prompts", "10", "--steps", "5"]) == 0
+    assert "set 2/2: target answers" in capsys.readouterr().err  # which set the progress bar is on
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     first, second = card["data"]["sets"]
     assert first["reused"] and not second["reused"] and (second["code_from"], second["chat_from"]) == (5, 5)

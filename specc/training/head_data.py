@@ -283,7 +283,8 @@ def _load_record(path: Path | None, indices: list[int], rows: dict, top_k: int, 
 
 
 def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch: int, journal: Path | None = None,
-             top_k: int | None = None, feature_layers: list[int] | None = None) -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
+             top_k: int | None = None, feature_layers: list[int] | None = None,
+             desc: str = "target answers") -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
     """Greedy continuations by the target itself: (prompt + answer ids, prompt length) per prompt, in the
     prompts' order. Batches hold prompts of similar length (sorted), so little of a batch is padding.
 
@@ -316,7 +317,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
     contiguous = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
     recorder = _Recorder(model, top_k, feature_layers) if top_k is not None and hasattr(model.model, "norm") else None
     try:
-        for j in tqdm(todo, desc="target answers", unit="batch", initial=len(batches) - len(todo), total=len(batches)):
+        for j in tqdm(todo, desc=desc, unit="batch", initial=len(batches) - len(todo), total=len(batches)):
             group = [prompts[i] for i in batches[j]]
             width = max(map(len, group))
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
@@ -394,7 +395,7 @@ def _load_part(path: Path, seqs: list[tuple[list[int], int]], top_k: int, hidden
 
 
 def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_layers: list[int] | None = None,
-                 parts: Path | None = None, chunk: int = 32) -> dict:
+                 parts: Path | None = None, chunk: int = 32, desc: str = "target features") -> dict:
     """tokens, valid and answer masks [N, T]; features [N, T, F] fp16 (post-norm last hidden state, or the
     given layers' outputs concatenated); the target's top-K next-token values/ids [N, T, K].
 
@@ -403,7 +404,7 @@ def teacher_pass(model, seqs: list[tuple[list[int], int]], top_k: int, feature_l
     an hour of a 1.5B target's features survives an interrupted run."""
     hidden = model.config.hidden_size * (len(feature_layers) if feature_layers else 1)
     pieces = []
-    with tqdm(total=len(seqs), desc="target features", unit="seq") as bar:
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as bar:
         for lo in range(0, len(seqs), chunk):
             group = seqs[lo:lo + chunk]
             path = parts.with_name(f"{parts.stem}.teacher-{lo:05d}.safetensors") if parts else None
@@ -443,8 +444,9 @@ def _merge(seqs: list[tuple[list[int], int]], recorded: dict[int, dict], rest: l
 
 
 def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
-               feature_layers: list[int] | None = None) -> tuple[dict, dict]:
-    """The cached data set for (model, cfg), generating it on first use; returns (tensors, info)."""
+               feature_layers: list[int] | None = None, label: str = "") -> tuple[dict, dict]:
+    """The cached data set for (model, cfg), generating it on first use (progress bars prefixed with
+    `label`, e.g. "set 2/3: "); returns (tensors, info)."""
     key = cfg.key(model_name) + ("-l" + "-".join(map(str, feature_layers)) if feature_layers else "")
     path = cache / f"heads-data-{key}.safetensors"
     if path.is_file():
@@ -457,9 +459,10 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     else:
         prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
         seqs, recorded = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"),
-                                  top_k=cfg.top_k, feature_layers=feature_layers)
+                                  top_k=cfg.top_k, feature_layers=feature_layers, desc=f"{label}target answers")
     rest = [i for i in range(len(seqs)) if i not in recorded]  # answers journaled before recording, and text
-    taught = teacher_pass(model, [seqs[i] for i in rest], cfg.top_k, feature_layers, parts=path) if rest else None
+    taught = (teacher_pass(model, [seqs[i] for i in rest], cfg.top_k, feature_layers, parts=path,
+                           desc=f"{label}target features") if rest else None)
     data = _merge(seqs, recorded, rest, taught, cfg.top_k, model.config.hidden_size * max(1, len(feature_layers or [])))
     if cfg.source == "text":  # measurable where the text is what the target would have written
         argmax = data["top_idx"][..., 0].long()

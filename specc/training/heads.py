@@ -419,8 +419,9 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
             raise SpeccError(f"--draft-vocab {cfg.draft_vocab or 0}: the head resumed from {output / resumed_vocab[1]} has a "
                              f"draft vocabulary of {size or 'all'} tokens; pass that, or remove {output} to start over")
     parts, infos = [], []
-    for d in data_cfgs:
-        part, info = build_data(model, tokenizer, model_name, d, cache, list(layers) if layers else None)
+    for i, d in enumerate(data_cfgs, 1):
+        label = f"set {i}/{len(data_cfgs)}: " if len(data_cfgs) > 1 else ""
+        part, info = build_data(model, tokenizer, model_name, d, cache, list(layers) if layers else None, label)
         parts.append(part)
         infos.append({**asdict(d), **info, "sequences": part["tokens"].shape[0]})
     data = concat_data(parts)

@@ -690,3 +690,46 @@ def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, t
     assert "emulated" not in capsys.readouterr().err
     assert not json.loads((tmp_path / "fp32" / "card.json").read_text())["data"]["reused"]
     assert len(list((tmp_path / "cache" / "heads").glob("heads-data-*.safetensors"))) == 2
+
+
+def test_self_written_chat_prompts_are_sampled_once_and_kept(target, tmp_path, monkeypatch):
+    """chat="self": the target writes the set's user messages (one per seed of kind x topic), kept in a
+    file that a rerun reads instead of sampling again; grid sets keep the cache keys they always had."""
+    from transformers import AutoTokenizer
+
+    from specc.training.head_data import DataConfig, _clean_question, question_seeds, written_questions
+
+    path, model = target
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = DataConfig(n_code=2, n_chat=5, new_tokens=4, batch=3, chat="self")
+    questions = written_questions(model, tok, cfg, tmp_path / "q.json")
+    assert len(questions) == 5 and all(isinstance(q, str) and 8 <= len(q) <= 400 for q in questions)
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("sampled again"))
+    assert written_questions(model, tok, cfg, tmp_path / "q.json") == questions
+    later = question_seeds(DataConfig(n_chat=5, chat_from=5, chat="self"))
+    assert len({s for s, _ in question_seeds(cfg) + later}) == 10  # the next set's seeds are others
+    assert _clean_question('\n  Question: "How do tides work?"\nMore text') == "How do tides work?"
+    assert _clean_question("**Write a poem about rain.**") == "Write a poem about rain."
+    assert _clean_question("Dear AI,\nCould you list three rivers?") == "Could you list three rivers?"
+    assert _clean_question("Sure, here is an example request:\n\nQ: What is DNA?") == "What is DNA?"
+    assert _clean_question('Sure! "Hey AI, how does Git work?') == "Hey AI, how does Git work?"
+    assert _clean_question("Subject: Help\n") == ""
+    assert cfg.key("m") != DataConfig(n_code=2, n_chat=5, new_tokens=4, batch=3).key("m")
+    grid = DataConfig(n_code=192, n_chat=192, new_tokens=64, code_from=224, chat_from=224)
+    assert grid.key("qwen2.5-coder-1.5b-instruct") == "bfab04c63af643f0"  # a set cached by earlier versions
+
+
+def test_train_head_with_self_written_chat(target, tmp_path, monkeypatch, capsys):
+    from specc.cli import main
+
+    monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target:\n  model: {target[0]}\ndraft:\n  method: prompt_lookup\n")
+    args = ["train-head", str(recipe), "--kind", "eagle", "--new-tokens", "6", "--steps", "2", "-o", str(tmp_path / "h")]
+    assert main(args + ["--prompts", "8:nonsense"]) == 2 and "N:self" in capsys.readouterr().err
+    assert main(args + ["--prompts", "8:self", "--source", "text"]) == 2
+    assert not (tmp_path / "cache").exists()  # both refused before anything was built
+    assert main(args + ["--prompts", "8", "--prompts", "8:self"]) == 0
+    first, second = json.loads((tmp_path / "h" / "card.json").read_text())["data"]["sets"]
+    assert (first["chat"], second["chat"], second["sequences"]) == ("grid", "self", 8)
+    assert len(json.loads(next((tmp_path / "cache" / "heads").glob("*.questions.json")).read_text())) == 4

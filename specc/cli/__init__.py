@@ -207,6 +207,15 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _prompt_set(text: str) -> tuple[int, str]:
+    """--prompts: N, or N:self."""
+    count, _, chat = text.partition(":")
+    try:
+        return int(count), chat or "grid"
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N:self (N prompts), got {text!r}") from None
+
+
 def _k_value(text: str) -> int | str:
     """--k: an integer, or 'auto' (adaptive speculation)."""
     if text == "auto":
@@ -487,10 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", required=True, choices=("medusa", "eagle", "eagle3"),
                    help="eagle: EAGLE-1/2 (last-layer feature); eagle3: EAGLE-3 (low, middle and high layers fused); "
                         "both run as draft.method eagle")
-    p.add_argument("--prompts", type=int, action="append",
+    p.add_argument("--prompts", type=_prompt_set, action="append", metavar="N[:self]",
                    help="offline prompts the target answers (half code, half chat; default 192); repeat it to add sets "
                         "of further prompts to a head's data (each set cached on its own, so adding one to a trained "
-                        "head's command answers only the new prompts and resumes training)")
+                        "head's command answers only the new prompts and resumes training); N:self: the set's chat "
+                        "prompts are user messages the target writes itself (sampled) instead of templated ones")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per answer")
     p.add_argument("--source", choices=("answers", "text"), default="answers",
                    help="answers: the target answers offline prompts (best, one target step per token); text: "

@@ -6,8 +6,9 @@ windows and answers journaled without them.
 Sequences come from one of two sources:
 - answers: the target answers offline prompts greedily (function openings from every Python
   standard-library module that the benchmark prompts do not use, and chat instructions from a
-  grid of ~150 topics x 32 templates). Closest to what the head sees at run time; costs one target
-  step per generated token.
+  grid of ~150 topics x 32 templates or, in sets with `chat="self"`, user messages the target
+  writes itself (sampled) about those topics: self-instruct, for chat less uniform than a grid).
+  Closest to what the head sees at run time; costs one target step per generated token.
 - text: windows of the source of a fixed list of modules (TRAIN_MODULES), teacher-forced. One batched pass per window: the
   cheap choice on a shared CPU.
 Positions where the sequence continues as the target's greedy choice (`answer`) are where
@@ -81,6 +82,15 @@ TEMPLATES = (
     "Give me three tips related to {}.", "Write an encouraging note to someone studying {}.",
     "Explain {} in exactly three sentences.",
 )
+ASKS = (  # kinds of user message the target is asked to write (chat="self")
+    "a question", "a how-to question", "a request for advice", "a short writing task", "a request to explain something",
+    "a question comparing two things", "a factual question", "a request for a list", "a request to summarize something",
+    "a question a beginner would ask", "a request to rewrite or translate a sentence", "a puzzle or a riddle",
+)
+ASK = ("Write {} that a user might send to an AI assistant, about {} or something it brings to mind. "
+       "Reply with that message only.")
+QUESTION_TOKENS = 48  # most tokens of a self-written user message
+CHATS = ("grid", "self")
 PROMPTS_VERSION = 4  # part of the data cache key: bump when the prompt lists change (4: ipaddress, a benchmark module, out)
 # Standard-library folders never used as training code (GUI, tests, bundled third-party code).
 SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "site-packages",
@@ -104,11 +114,12 @@ class DataConfig:
     dtype: str = "float32"  # the target's passes: float32 or bfloat16 (several times faster on CPUs with AMX)
     code_from: int = 0  # the first code prompt (text: window) used; the ones before belong to earlier sets
     chat_from: int = 0  # the first chat prompt used
+    chat: str = "grid"  # chat prompts: "grid" (topic x template) or "self" (user messages the target writes)
 
     def key(self, model: str) -> str:
         fields = {"model": model, "prompts_version": PROMPTS_VERSION, **asdict(self)}
         # keys of sets cached before these fields existed stay valid
-        for name, old in (("dtype", "float32"), ("code_from", 0), ("chat_from", 0)):
+        for name, old in (("dtype", "float32"), ("code_from", 0), ("chat_from", 0), ("chat", "grid")):
             if fields[name] == old:
                 del fields[name]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -139,6 +150,63 @@ def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
     rng.shuffle(chat)
     return ([(p, False) for p in code[cfg.code_from:cfg.code_from + cfg.n_code]]
             + [(p, True) for p in chat[cfg.chat_from:cfg.chat_from + cfg.n_chat]])
+
+
+def question_seeds(cfg: DataConfig) -> list[tuple[str, str]]:
+    """(instruction, topic) for each of the set's self-written chat prompts: kinds of message x topics,
+    shuffled, from cfg.chat_from on (wrapping around: the messages are sampled, so a seed used twice
+    still gives another one)."""
+    seeds = [(ASK.format(a, t), t) for t in TOPICS for a in ASKS]
+    random.Random(cfg.seed + 1).shuffle(seeds)
+    return [seeds[(cfg.chat_from + i) % len(seeds)] for i in range(cfg.n_chat)]
+
+
+def _clean_question(text: str) -> str:
+    """The message in a reply: its first line that is not a preamble ("Dear AI,", "Sure, here it is:",
+    "Subject: ..."), without quotes, markup or a "Question:" label."""
+    for line in (ln.strip().strip("*` ").strip() for ln in text.splitlines()):
+        low = line.lower()
+        if not line or line.endswith((":", ",")) or low.startswith(("subject:", "topic:", "title:")):
+            continue
+        if low.startswith("sure") and ('"' in line or "'" in line[5:]):  # Sure! "Hey AI, can you ..."
+            line = line[min(i for i in (line.find('"'), line.find("'", 5)) if i >= 0):]
+        for label in ("user:", "question:", "message:", "request:", "q:"):
+            if line.lower().startswith(label):
+                line = line[len(label):].strip()
+        return line.strip("\"'*` ").strip()
+    return ""
+
+
+@torch.no_grad()
+def written_questions(model, tokenizer, cfg: DataConfig, path: Path, desc: str = "user messages") -> list[str]:
+    """cfg.n_chat user messages the target writes itself (sampled at temperature 1, top-p 0.95, from
+    question_seeds), kept in `path` (JSON) so that a rerun answers the same ones. A reply that is not a
+    usable message (under 8 or over 400 characters) becomes "Tell me about {topic}."."""
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+            if isinstance(saved, list) and len(saved) == cfg.n_chat and all(isinstance(q, str) and q for q in saved):
+                return saved
+        except (json.JSONDecodeError, OSError):
+            pass
+    seeds = question_seeds(cfg)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    torch.manual_seed(cfg.seed + cfg.chat_from)
+    out = []
+    for lo in tqdm(range(0, len(seeds), cfg.batch), desc=desc, unit="batch"):
+        group = [_encode(tokenizer, ask, True, cfg.max_prompt_tokens) for ask, _ in seeds[lo:lo + cfg.batch]]
+        width = max(map(len, group))
+        ids = torch.tensor([[pad] * (width - len(g)) + g for g in group])
+        mask = torch.tensor([[0] * (width - len(g)) + [1] * len(g) for g in group])
+        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=QUESTION_TOKENS, do_sample=True,
+                             temperature=1.0, top_p=0.95, top_k=0, pad_token_id=pad)
+        for (_, topic), row in zip(seeds[lo:lo + cfg.batch], gen[:, width:]):
+            text = _clean_question(tokenizer.decode(row, skip_special_tokens=True))
+            out.append(text if 8 <= len(text) <= 400 else f"Tell me about {topic}.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".partial").write_text(json.dumps(out, indent=0))
+    path.with_suffix(".partial").rename(path)
+    return out
 
 
 def text_windows(tokenizer, n: int, seq_len: int, first: int = 0) -> list[list[int]]:
@@ -457,7 +525,12 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     if cfg.source == "text":
         seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len, cfg.code_from + cfg.chat_from)]
     else:
-        prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in training_prompts(cfg)]
+        texts = training_prompts(cfg)
+        if cfg.chat == "self":
+            questions = written_questions(model, tokenizer, cfg, path.with_suffix(".questions.json"),
+                                          f"{label}user messages")
+            texts = [t for t in texts if not t[1]] + [(q, True) for q in questions]
+        prompts = [_encode(tokenizer, text, chat, cfg.max_prompt_tokens) for text, chat in texts]
         seqs, recorded = generate(model, tokenizer, prompts, cfg.new_tokens, cfg.batch, path.with_suffix(".answers.jsonl"),
                                   top_k=cfg.top_k, feature_layers=feature_layers, desc=f"{label}target answers")
     rest = [i for i in range(len(seqs)) if i not in recorded]  # answers journaled before recording, and text

@@ -36,7 +36,7 @@ from ..heads.eagle import EagleBase, EagleHead
 from ..heads.eagle3 import Eagle3Head, default_feature_layers
 from ..heads.medusa import MedusaHeads
 from ..heads.store import build_head, head_tensors, save_head
-from .head_data import DTYPES, DataConfig, build_data
+from .head_data import CHATS, DTYPES, DataConfig, build_data
 
 
 @dataclass
@@ -344,12 +344,13 @@ def concat_data(parts: list[dict]) -> dict:
             for k in parts[0]}
 
 
-def consecutive_sets(counts: list[int], **fields) -> list[DataConfig]:
-    """One DataConfig per count: half code and half chat prompts (text: windows), each set starting
-    after the prompts of the sets before it."""
+def consecutive_sets(counts: list[int | tuple[int, str]], **fields) -> list[DataConfig]:
+    """One DataConfig per count (or (count, chat prompts): "grid" or "self"): half code and half chat
+    prompts (text: windows), each set starting after the prompts of the sets before it."""
     sets, code, chat = [], 0, 0
     for n in counts:
-        sets.append(DataConfig(n_code=n // 2, n_chat=n - n // 2, code_from=code, chat_from=chat, **fields))
+        n, kind = n if isinstance(n, tuple) else (n, "grid")
+        sets.append(DataConfig(n_code=n // 2, n_chat=n - n // 2, code_from=code, chat_from=chat, chat=kind, **fields))
         code, chat = code + n // 2, chat + n - n // 2
     return sets
 
@@ -363,6 +364,11 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Pa
         raise SpeccError(f"--dtype {cfg.dtype!r}: allowed {', '.join(DTYPES)}")
     if not data_cfgs or any(d.n_code < 0 or d.n_chat < 0 or d.n_code + d.n_chat < 1 for d in data_cfgs):
         raise SpeccError(f"--prompts {[d.n_code + d.n_chat for d in data_cfgs]}: allowed one or more counts >= 1")
+    for d in data_cfgs:
+        if d.chat not in CHATS or (d.chat == "self" and d.source != "answers"):
+            raise SpeccError(f"--prompts {d.n_code + d.n_chat}:{d.chat} with --source {d.source}: allowed N (chat "
+                             "prompts from the topic x template grid) or N:self (user messages the target writes "
+                             "itself; --source answers)")
     if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
         raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     if cfg.lr is not None and not (isinstance(cfg.lr, float) and 0 < cfg.lr < 1):
@@ -495,7 +501,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         "data": {**(infos[0] if len(infos) == 1 else {"sets": infos}), "reused": all(i["reused"] for i in infos),
                  "sequences": n, "train_sequences": len(train), "held_out_sequences": len(held),
                  "tokens": int(data["valid"].sum()), "answer_tokens": int(data["answer"].sum()),
-                 "prompts": "stdlib function openings (modules outside the benchmark set) and templated chat instructions",
+                 "prompts": "stdlib function openings (modules outside the benchmark set) and chat instructions "
+                            "(templated; sets with chat 'self': user messages the target wrote itself)",
                  "seconds": round(data_seconds, 1)},
         "draft_vocab_from": None if resumed_vocab is None else str(output / resumed_vocab[1]),
         "steps": cfg.steps, "resumed_from_step": start, "train_seconds": round(time.perf_counter() - t1, 1),

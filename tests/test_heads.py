@@ -626,7 +626,7 @@ def test_training_text_leaves_out_the_benchmark_modules():
     assert not any(m.startswith(b + ".") or b.startswith(m + ".") for m in TRAIN_MODULES for b in STDLIB_MODULES)
 
 
-def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path, monkeypatch):
+def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path):
     """An interrupted teacher pass keeps its finished parts; the next run computes only the rest and gives
     what one uninterrupted run gives. A part cut short, or one over other sequences, is computed again."""
     from specc.training.head_data import teacher_pass
@@ -647,20 +647,23 @@ def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path, monkeypatch
             return real(*args, **kwargs)
 
     interrupt = True
-    monkeypatch.setattr(model, "model", Flaky())
-    with pytest.raises(RuntimeError, match="interrupted"):
-        teacher_pass(model, seqs, 4, parts=parts, chunk=2)
-    assert [p.name for p in tmp_path.iterdir()] == ["data.teacher-00000.safetensors"]  # the first part
-    interrupt = False
-    calls.clear()
-    again = teacher_pass(model, seqs, 4, parts=parts, chunk=2)
-    assert len(calls) == 3 and set(again) == set(whole)
-    assert all(torch.equal(again[k], whole[k]) for k in whole)
-    (tmp_path / "data.teacher-00002.safetensors").write_bytes(b"cut short")
-    other = [([7, 7, 7], 1)] + seqs[1:]  # the first part was over other sequences
-    calls.clear()
-    teacher_pass(model, other, 4, parts=parts, chunk=2)
-    assert len(calls) == 4
+    model.model = Flaky()  # not monkeypatch: its undo deletes the submodule (it reads no old value)
+    try:
+        with pytest.raises(RuntimeError, match="interrupted"):
+            teacher_pass(model, seqs, 4, parts=parts, chunk=2)
+        assert [p.name for p in tmp_path.iterdir()] == ["data.teacher-00000.safetensors"]  # the first part
+        interrupt = False
+        calls.clear()
+        again = teacher_pass(model, seqs, 4, parts=parts, chunk=2)
+        assert len(calls) == 3 and set(again) == set(whole)
+        assert all(torch.equal(again[k], whole[k]) for k in whole)
+        (tmp_path / "data.teacher-00002.safetensors").write_bytes(b"cut short")
+        other = [([7, 7, 7], 1)] + seqs[1:]  # the first part was over other sequences
+        calls.clear()
+        teacher_pass(model, other, 4, parts=parts, chunk=2)
+        assert len(calls) == 4
+    finally:
+        model.model = real  # the module-scoped target is shared
 
 
 def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, tmp_path, monkeypatch, capsys):

@@ -23,6 +23,7 @@ import inspect
 import json
 import random
 import sysconfig
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -152,6 +153,29 @@ def training_prompts(cfg: DataConfig) -> list[tuple[str, bool]]:
             + [(p, True) for p in chat[cfg.chat_from:cfg.chat_from + cfg.n_chat]])
 
 
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+
+def _left_padded(group: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of prompts padded on the left (generate continues them on the right) and its attention mask."""
+    width = max(map(len, group))
+    return (torch.tensor([[pad] * (width - len(p)) + p for p in group]),
+            torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group]))
+
+
+@contextmanager
+def _contiguous_lm_head(model):
+    """While generating: the prompt pass hands the LM head its last positions as a strided view, which torch
+    multiplies as a batched matmul over a copy of the weight per row (7.5 GB at 16 rows of a 1.5B target in
+    bfloat16); a contiguous input avoids it."""
+    hook = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def question_seeds(cfg: DataConfig) -> list[tuple[str, str]]:
     """(instruction, topic) for each of the set's self-written chat prompts: kinds of message x topics,
     shuffled, from cfg.chat_from on (wrapping around: the messages are sampled, so a seed used twice
@@ -189,20 +213,18 @@ def written_questions(model, tokenizer, cfg: DataConfig, path: Path, desc: str =
                 return saved
         except (json.JSONDecodeError, OSError):
             pass
-    seeds = question_seeds(cfg)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    seeds, pad = question_seeds(cfg), _pad_id(tokenizer)
     torch.manual_seed(cfg.seed + cfg.chat_from)
     out = []
-    for lo in tqdm(range(0, len(seeds), cfg.batch), desc=desc, unit="batch"):
-        group = [_encode(tokenizer, ask, True, cfg.max_prompt_tokens) for ask, _ in seeds[lo:lo + cfg.batch]]
-        width = max(map(len, group))
-        ids = torch.tensor([[pad] * (width - len(g)) + g for g in group])
-        mask = torch.tensor([[0] * (width - len(g)) + [1] * len(g) for g in group])
-        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=QUESTION_TOKENS, do_sample=True,
-                             temperature=1.0, top_p=0.95, top_k=0, pad_token_id=pad)
-        for (_, topic), row in zip(seeds[lo:lo + cfg.batch], gen[:, width:]):
-            text = _clean_question(tokenizer.decode(row, skip_special_tokens=True))
-            out.append(text if 8 <= len(text) <= 400 else f"Tell me about {topic}.")
+    with _contiguous_lm_head(model):
+        for lo in tqdm(range(0, len(seeds), cfg.batch), desc=desc, unit="batch"):
+            ids, mask = _left_padded([_encode(tokenizer, ask, True, cfg.max_prompt_tokens)
+                                      for ask, _ in seeds[lo:lo + cfg.batch]], pad)
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=QUESTION_TOKENS, do_sample=True,
+                                 temperature=1.0, top_p=0.95, top_k=0, pad_token_id=pad)
+            for (_, topic), row in zip(seeds[lo:lo + cfg.batch], gen[:, ids.shape[1]:]):
+                text = _clean_question(tokenizer.decode(row, skip_special_tokens=True))
+                out.append(text if 8 <= len(text) <= 400 else f"Tell me about {topic}.")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".partial").write_text(json.dumps(out, indent=0))
     path.with_suffix(".partial").rename(path)
@@ -363,7 +385,7 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
     With a journal, every finished batch is appended to it (and its record saved beside it) and a later call
     with the same prompts starts after the batches it holds (hours of answers from a 1.5B target survive an
     interrupted run; the batches are the same, so the answers are those of an uninterrupted run)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = _pad_id(tokenizer)
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     batches = [order[lo:lo + batch] for lo in range(0, len(order), batch)]
     rows = _journal_rows(journal, prompts, batches)
@@ -380,37 +402,33 @@ def generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, batch:
                                                  model.config.hidden_size * max(1, len(feature_layers or []))))
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
-    # the prompt pass hands the LM head its last positions as a strided view, which torch multiplies as a
-    # batched matmul over a copy of the weight per row (7.5 GB at 16 rows of a 1.5B target in bfloat16)
-    contiguous = model.lm_head.register_forward_pre_hook(lambda _, args: (args[0].contiguous(), *args[1:]))
     recorder = _Recorder(model, top_k, feature_layers) if top_k is not None and hasattr(model.model, "norm") else None
     try:
-        for j in tqdm(todo, desc=desc, unit="batch", initial=len(batches) - len(todo), total=len(batches)):
-            group = [prompts[i] for i in batches[j]]
-            width = max(map(len, group))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=pad)
-            answers = []
-            for i, p, row in zip(batches[j], group, gen[:, width:].tolist()):
-                answer = []
-                for t in row:
-                    if t in eos:
-                        break
-                    answer.append(t)
-                rows[i] = (p + answer, len(p))
-                answers.append(answer)
-            record = recorder.rows(group, answers, width) if recorder else None
-            if record is not None:
-                recorded.update(dict(zip(batches[j], record)))
+        with _contiguous_lm_head(model):
+            for j in tqdm(todo, desc=desc, unit="batch", initial=len(batches) - len(todo), total=len(batches)):
+                group = [prompts[i] for i in batches[j]]
+                ids, mask = _left_padded(group, pad)
+                width = ids.shape[1]
+                gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                     pad_token_id=pad)
+                answers = []
+                for i, p, row in zip(batches[j], group, gen[:, width:].tolist()):
+                    answer = []
+                    for t in row:
+                        if t in eos:
+                            break
+                        answer.append(t)
+                    rows[i] = (p + answer, len(p))
+                    answers.append(answer)
+                record = recorder.rows(group, answers, width) if recorder else None
+                if record is not None:
+                    recorded.update(dict(zip(batches[j], record)))
+                    if journal is not None:
+                        _save_record(_record_path(journal, j), batches[j], record)
                 if journal is not None:
-                    _save_record(_record_path(journal, j), batches[j], record)
-            if journal is not None:
-                with journal.open("a") as f:
-                    f.writelines(_journal_line(j, i, *rows[i]) for i in batches[j])
+                    with journal.open("a") as f:
+                        f.writelines(_journal_line(j, i, *rows[i]) for i in batches[j])
     finally:
-        contiguous.remove()
         if recorder:
             recorder.remove()
     return [rows[i] for i in range(len(prompts))], recorded

@@ -3,7 +3,9 @@ checkpoints written in those layouts), pickles and EAGLE-3 are refused clearly, 
 and resumes in seconds, the recipe names what is missing."""
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -736,3 +738,31 @@ def test_train_head_with_self_written_chat(target, tmp_path, monkeypatch, capsys
     first, second = json.loads((tmp_path / "h" / "card.json").read_text())["data"]["sets"]
     assert (first["chat"], second["chat"], second["sequences"]) == ("grid", "self", 8)
     assert len(json.loads(next((tmp_path / "cache" / "heads").glob("*.questions.json")).read_text())) == 4
+
+
+def test_another_kinds_features_reuse_the_cached_answers(target, tmp_path, monkeypatch):
+    """A set cached with last-layer features (eagle) gives its answers to the same set with EAGLE-3's
+    layers: only the teacher pass runs, over exactly the cached tokens, and its features are the layers'."""
+    from transformers import AutoTokenizer
+
+    import specc.training.head_data as hd
+
+    path, model = target
+    tok = AutoTokenizer.from_pretrained(path)
+    monkeypatch.setattr(hd, "training_prompts", lambda cfg: [(t, False) for t in ["def f(", "x", "import os\nclass A:"]])
+    cfg = hd.DataConfig(n_code=3, n_chat=0, new_tokens=6, top_k=4, batch=2)
+    first, info = hd.build_data(model, tok, "t", cfg, tmp_path)
+    assert "answers_from" not in info
+    monkeypatch.setattr(hd, "generate", lambda *a, **k: pytest.fail("answered again"))
+    other = dataclasses.replace(cfg, new_tokens=7)  # other settings: not a sibling (generate fails the test)
+    with pytest.raises(pytest.fail.Exception):
+        hd.build_data(model, tok, "t", other, tmp_path, [0, 1, 0])
+    data, info = hd.build_data(model, tok, "t", cfg, tmp_path, [0, 1, 0])
+    assert info["answers_from"] == info["cache"].replace("-l0-1-0", "") and not info["reused"]
+    for k in ("tokens", "valid", "answer"):
+        assert torch.equal(data[k], first[k]), k
+    assert torch.equal(data["top_idx"][data["valid"]], first["top_idx"][first["valid"]])
+    n = int(data["valid"][0].sum())
+    want = hd.teacher_pass(model, [(data["tokens"][0, :n].tolist(), 0)], 4, [0, 1, 0])["features"][0]
+    assert data["features"].shape[-1] == 3 * model.config.hidden_size and torch.equal(data["features"][0, :n], want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(info["cache"]).name, Path(info["answers_from"]).name])

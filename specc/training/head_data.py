@@ -11,6 +11,8 @@ Sequences come from one of two sources:
   Closest to what the head sees at run time; costs one target step per generated token.
 - text: windows of the source of a fixed list of modules (TRAIN_MODULES), teacher-forced. One batched pass per window: the
   cheap choice on a shared CPU.
+A set cached for one kind's features (EAGLE-1/2's last layer, EAGLE-3's three) gives its answers to
+the same set for the other: only the teacher pass runs again.
 Positions where the sequence continues as the target's greedy choice (`answer`) are where
 held-out acceptance can be measured.
 """
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -540,8 +543,11 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     if cfg.dtype != "float32":  # a copy: the head keeps the float32 target's embedding and LM head rows
         model = copy.deepcopy(model).to(DTYPES[cfg.dtype])
     recorded: dict[int, dict] = {}
+    sibling = _sibling_answers(path, cfg.key(model_name)) if cfg.source == "answers" else None
     if cfg.source == "text":
         seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len, cfg.code_from + cfg.chat_from)]
+    elif sibling is not None:  # another kind's features over the same answers: only the teacher pass is new
+        seqs = sibling[0]
     else:
         texts = training_prompts(cfg)
         if cfg.chat == "self":
@@ -565,4 +571,25 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
     path.with_suffix(".answers.jsonl").unlink(missing_ok=True)
     for part in [*cache.glob(f"{path.stem}.teacher-*"), *cache.glob(f"{path.stem}.answers.batch-*")]:
         part.unlink()
-    return data, {"cache": str(path), "reused": False}
+    info = {"cache": str(path), "reused": False}
+    return data, (info | {"answers_from": str(sibling[1])} if sibling is not None else info)
+
+
+def _sibling_answers(path: Path, key: str) -> tuple[list[tuple[list[int], int]], Path] | None:
+    """The (tokens, prompt length) sequences of a cached set of the same prompts and settings whose features
+    are of other layers (`key` with or without a "-l..." suffix; another --kind), and its path: the target's
+    answers do not depend on which features are kept, so a new kind's data needs the teacher pass only."""
+    for other in sorted(path.parent.glob(f"heads-data-{key}*.safetensors")):
+        if other == path or not (other.stem == f"heads-data-{key}" or other.stem.startswith(f"heads-data-{key}-l")):
+            continue  # teacher-pass parts and answer records of an unfinished set
+        try:
+            with safe_open(str(other), "pt") as f:
+                tokens, valid, answer = (f.get_tensor(k) for k in ("tokens", "valid", "answer"))
+        except Exception:  # unreadable or of another layout: answered again instead
+            continue
+        seqs = []
+        for ids, v, a in zip(tokens, valid, answer):
+            n = int(v.sum())
+            seqs.append((ids[:n].tolist(), int(a.int().argmax()) if bool(a.any()) else n))
+        return seqs, other
+    return None

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import platform
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from .recipe import DRAFT_GRAPH_METHODS, Recipe
 
 # max |engine - eager| / max(1, max |eager|) over every output, by engine precision (eager runs the traced dtype)
 NUMERICS_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
+LOW_DISK = 64 * 2**20  # bytes: less free space than this after a failed write means the disk filled up
 
 
 @dataclass
@@ -156,6 +159,12 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 "compile_seconds": stages.timings,
             }
             path = writer.finish(manifest)[0]
+    except OSError as exc:
+        full = _disk_full(writer.root, exc)
+        writer.abort()
+        if full:
+            raise SpeccError(full) from None
+        raise
     except BaseException:
         writer.abort()
         raise
@@ -164,6 +173,21 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         if hf_bars:
             hf_logging.enable_progress_bar()
     return path
+
+
+def _disk_full(root: Path, exc: OSError) -> str | None:
+    """A message naming a full disk as the cause of `exc`, raised while writing the bundle at `root`. Some
+    writers (numpy's `tofile`, under ONNX's external data) raise an OSError without an errno for it, so
+    the free space decides too."""
+    try:
+        free = shutil.disk_usage(root if root.exists() else root.parent).free
+    except OSError:
+        return None
+    if exc.errno != errno.ENOSPC and free >= LOW_DISK:
+        return None
+    return (f"no space left on the disk of {root} while writing the bundle ({free / 2**20:.0f} MiB free; {exc}); "
+            "the partial bundle was removed. A bundle takes about the weights' size per graph (float32: 4 bytes a "
+            "parameter): free space there or compile to another directory (-o)")
 
 
 def check_model_fits(recipe: Recipe) -> None:

@@ -176,3 +176,29 @@ def test_bench_compares_bundles_and_trees(bundles, tmp_path, capsys):
     assert all(s["outputs_equal"] == "2/2" for s in result["systems"].values())
     assert result["machine"]["cores"] >= 1 and "- machine: " in (tmp_path / "b.md").read_text()
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--tree", "2,x"]) == 2
+
+
+@pytest.mark.parametrize("error, free, full", [
+    (OSError("problem writing element 7 to file"), 2**20, True),  # numpy's tofile: no errno, the disk left full
+    (OSError(28, "No space left on device"), 2**30, True),
+    (OSError(13, "Permission denied"), 2**30, False),
+])
+def test_a_full_disk_during_compile_is_named(models_dir, tmp_path, capsys, monkeypatch, error, free, full):
+    import shutil
+
+    import specc.compiler as compiler
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target: {{model: {models_dir / 'target'}}}\ndraft: {{method: none}}\n"
+                      f"limits: {{max_batch: 1, max_context: 64}}\noutput: {tmp_path / 'bundle'}\n")
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(compiler.BundleWriter, "finish", fail)
+    monkeypatch.setattr(compiler.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(2**40, 2**40 - free, free))
+    assert main(["compile", str(recipe), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("specc: error: ") == 1 and "Traceback" not in err
+    assert ("no space left on the disk" in err and f"{free / 2**20:.0f} MiB free" in err) == full
+    assert not (tmp_path / "bundle").exists() and not list(tmp_path.glob("bundle*"))

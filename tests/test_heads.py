@@ -719,6 +719,11 @@ def test_self_written_chat_prompts_are_sampled_once_and_kept(target, tmp_path, m
     assert _clean_question("Sure, here is an example request:\n\nQ: What is DNA?") == "What is DNA?"
     assert _clean_question('Sure! "Hey AI, how does Git work?') == "Hey AI, how does Git work?"
     assert _clean_question("Subject: Help\n") == ""
+    for reply in ("Sure, please provide the sentence you would like me to rewrite.", "I'm sorry, but I can't assist.",
+                  "Could you please provide the sentence?", "Certainly! What would you like to know about tides?",
+                  "As an AI, I don't have feelings."):  # the target answering as the assistant
+        assert _clean_question(reply) == "", reply
+    assert _clean_question("Could you tell me about the tides near the beach?") == "Could you tell me about the tides near the beach?"
     assert cfg.key("m") != DataConfig(n_code=2, n_chat=5, new_tokens=4, batch=3).key("m")
     grid = DataConfig(n_code=192, n_chat=192, new_tokens=64, code_from=224, chat_from=224)
     assert grid.key("qwen2.5-coder-1.5b-instruct") == "bfab04c63af643f0"  # a set cached by earlier versions

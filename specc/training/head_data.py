@@ -188,19 +188,30 @@ def question_seeds(cfg: DataConfig) -> list[tuple[str, str]]:
     return [seeds[(cfg.chat_from + i) % len(seeds)] for i in range(cfg.n_chat)]
 
 
+# Replies in which the target answers the instruction as an assistant instead of writing a user's message
+# ("Sure, please provide the sentence.", "I'm sorry, but I can't ..."): ~6% of Qwen2.5-Coder-1.5B's.
+ACKNOWLEDGEMENTS = ("sure", "certainly", "of course", "absolutely")
+ASSISTANT_OPENINGS = (*ACKNOWLEDGEMENTS, "i'm sorry", "i am sorry", "as an ai", "i'm unable", "i'm not able")
+ASSISTANT_PHRASES = ("as an ai", "like me to", "provide the sentence", "provide the message", "provide the details",
+                     "provide the content", "provide the request", "what would you like")
+
+
 def _clean_question(text: str) -> str:
     """The message in a reply: its first line that is not a preamble ("Dear AI,", "Sure, here it is:",
-    "Subject: ..."), without quotes, markup or a "Question:" label."""
+    "Subject: ..."), without quotes, markup or a "Question:" label; "" where that line is the target
+    speaking as the assistant (ASSISTANT_OPENINGS, ASSISTANT_PHRASES)."""
     for line in (ln.strip().strip("*` ").strip() for ln in text.splitlines()):
         low = line.lower()
         if not line or line.endswith((":", ",")) or low.startswith(("subject:", "topic:", "title:")):
             continue
-        if low.startswith("sure") and ('"' in line or "'" in line[5:]):  # Sure! "Hey AI, can you ..."
-            line = line[min(i for i in (line.find('"'), line.find("'", 5)) if i >= 0):]
+        if low.startswith(ACKNOWLEDGEMENTS) and '"' in line:  # Sure! "Hey AI, can you ..."
+            line = line[line.find('"'):]
         for label in ("user:", "question:", "message:", "request:", "q:"):
             if line.lower().startswith(label):
                 line = line[len(label):].strip()
-        return line.strip("\"'*` ").strip()
+        line = line.strip("\"'*` ").strip()
+        low = line.lower().replace("\u2019", "'")
+        return "" if low.startswith(ASSISTANT_OPENINGS) or any(p in low for p in ASSISTANT_PHRASES) else line
     return ""
 
 
@@ -208,7 +219,8 @@ def _clean_question(text: str) -> str:
 def written_questions(model, tokenizer, cfg: DataConfig, path: Path, desc: str = "user messages") -> list[str]:
     """cfg.n_chat user messages the target writes itself (sampled at temperature 1, top-p 0.95, from
     question_seeds), kept in `path` (JSON) so that a rerun answers the same ones. A reply that is not a
-    usable message (under 8 or over 400 characters) becomes "Tell me about {topic}."."""
+    usable message (under 8 or over 400 characters, or the target speaking as the assistant) becomes
+    "Tell me about {topic}."; files written before that filter existed are used as they are."""
     if path.is_file():
         try:
             saved = json.loads(path.read_text())

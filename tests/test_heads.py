@@ -379,8 +379,31 @@ def test_init_target_starts_the_eagle_layer_as_the_targets_last(target, tmp_path
     recipe.write_text(f"target:\n  model: {target[0]}\ndraft:\n  method: prompt_lookup\n")
     args = ["train-head", str(recipe), "--prompts", "10", "--new-tokens", "8", "--steps", "2", "--init", "target"]
     assert main(args + ["--kind", "medusa", "-o", str(tmp_path / "m")]) == 2  # a clear error, before any data
-    assert main(args + ["--kind", "eagle", "-o", str(tmp_path / "e")]) == 0
-    assert json.loads((tmp_path / "e" / "card.json").read_text())["train"]["init"] == "target"
+    for kind in ("eagle", "eagle3"):
+        assert main(args + ["--kind", kind, "-o", str(tmp_path / kind)]) == 0
+        assert json.loads((tmp_path / kind / "card.json").read_text())["train"]["init"] == "target"
+
+
+def test_init_target_starts_the_eagle3_midlayer_as_the_targets_last(target):
+    """EAGLE-3's `--init target`: fed the input of the target's last layer, the head's midlayer computes
+    that layer (its hidden state through the head's norm is the target's final hidden state); fc passes
+    the highest fused layer through and the embedding's half of the attention input is unused at first."""
+    from specc.heads.store import build_head
+    from specc.training.heads import start_from_target
+
+    _, hf = target
+    n_layers, hidden, n = hf.config.num_hidden_layers, hf.config.hidden_size, 6
+    head = build_head("eagle3", hf, feature_layers=(n_layers - 1, 0))
+    start_from_target(head, hf)
+    a, b = torch.randn(2, 1, 3, hidden)
+    assert torch.equal(head.fc(torch.cat([a, b], -1)), a)
+    assert not head.midlayer.self_attn.q_proj.weight[:, :hidden].any()
+    ids = torch.randint(0, 256, (1, n))
+    with torch.no_grad():
+        states = hf.model(ids, output_hidden_states=True).hidden_states
+        _, out, _, _ = head(ids, states[n_layers - 1], torch.arange(n)[None], torch.zeros(1, dtype=torch.long),
+                            torch.arange(n)[None], head.empty_cache(1), head.empty_cache(1))
+    torch.testing.assert_close(head.norm(out), states[n_layers], rtol=1e-4, atol=1e-4)
 
 
 def test_trained_eagle3_head_loads_compiles_and_stays_lossless(target, tmp_path, monkeypatch):

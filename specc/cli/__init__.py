@@ -514,8 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unroll", type=int, default=3,
                    help="eagle: draft steps trained per position, fed the head's own features (1: teacher forcing only)")
     p.add_argument("--init", choices=("random", "target"), default="random",
-                   help="eagle: target starts the head's decoder layer as the target's last layer (attention, MLP) "
-                        "with fc passing the feature through; random: EAGLE's fresh layer")
+                   help="eagle, eagle3: target starts the head's decoder layer as the target's last layer (attention, "
+                        "MLP) with fc passing the feature (eagle3: the highest fused layer) through; random: a fresh layer")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out acceptance estimates")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the target's passes and the training matmuls; bfloat16 is several times faster on CPUs with "

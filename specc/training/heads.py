@@ -63,13 +63,17 @@ ROUND_K = 3  # drafts per round of the card's greedy-run estimate (round_accepta
 INITS = ("random", "target")
 
 
-def start_from_target(head: EagleHead, target) -> None:
+def start_from_target(head: EagleHead | Eagle3Head, target) -> None:
     """`--init target`: the head's decoder layer starts as the target's last one (attention, post-attention
     norm, MLP) and fc as [0 | I] without bias, passing the feature through: pretrained weights for a head
-    trained on little data. Requires a layer of the head's names and shapes and norms without an offset."""
+    trained on little data. Requires a layer of the head's names and shapes and norms without an offset.
+    EAGLE-3 (`_start_eagle3`): the same layer over the highest fused layer's output."""
     if family_for(target.config).norm_offset:
         raise SpeccError(f"--init target: {target.config.model_type} norms scale by (1 + w), the head's by w; "
                          "allowed here: --init random")
+    if isinstance(head, Eagle3Head):
+        _start_eagle3(head, target.model.layers[-1].state_dict())
+        return
     last, mine = target.model.layers[-1].state_dict(), head.layers[0].state_dict()
     missing = [k for k in mine if k not in last or last[k].shape != mine[k].shape]
     if missing:
@@ -81,6 +85,29 @@ def start_from_target(head: EagleHead, target) -> None:
         head.fc.weight[:, head.hidden:] = torch.eye(head.hidden)
         if head.fc.bias is not None:
             head.fc.bias.zero_()
+
+
+def _start_eagle3(head: Eagle3Head, last: dict[str, torch.Tensor]) -> None:
+    """EAGLE-3's midlayer as the target's last layer reading the fused feature: hidden_norm is that layer's
+    input norm, q/k/v its projections on the feature's half of the [embedding; feature] input (zero on the
+    embedding's half), and fc passes the highest fused layer's output through, so the head starts as the
+    target's last layer applied to that layer's output (the residual stream a decoder layer reads)."""
+    mine, new = head.midlayer.state_dict(), {}
+    for name, value in mine.items():
+        if name.startswith("input_layernorm."):  # the embedding's norm: the target has none to copy
+            continue
+        source = last.get(name.replace("hidden_norm.", "input_layernorm."))
+        if source is not None and name.split(".")[1] in ("q_proj", "k_proj", "v_proj") and name.endswith("weight"):
+            source = torch.cat([torch.zeros_like(source), source], 1)
+        if source is None or source.shape != value.shape:
+            raise SpeccError(f"--init target: the target's last layer has no {name} of the EAGLE-3 head's shape; "
+                             "allowed here: --init random")
+        new[name] = source
+    head.midlayer.load_state_dict(new, strict=False)
+    high = max(range(len(head.feature_layers)), key=lambda i: head.feature_layers[i])
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, high * head.hidden:(high + 1) * head.hidden] = torch.eye(head.hidden)
 
 
 def default_lr(hidden: int) -> float:
@@ -373,8 +400,9 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Pa
         raise SpeccError(f"--unroll {cfg.unroll!r}: allowed an integer >= 1 (draft steps trained per position)")
     if cfg.lr is not None and not (isinstance(cfg.lr, float) and 0 < cfg.lr < 1):
         raise SpeccError(f"--lr {cfg.lr!r}: allowed a number between 0 and 1 (AdamW's peak learning rate)")
-    if cfg.init not in INITS or (cfg.init == "target" and cfg.kind != "eagle"):
-        raise SpeccError(f"--init {cfg.init!r} with --kind {cfg.kind}: allowed random, or target with --kind eagle")
+    if cfg.init not in INITS or (cfg.init == "target" and cfg.kind == "medusa"):
+        raise SpeccError(f"--init {cfg.init!r} with --kind {cfg.kind}: allowed random, or target with --kind eagle "
+                         "or eagle3")
     for flag, value, least, what in (("--steps", cfg.steps, 1, "training steps in all, resumed ones included"),
                                      ("--batch-seqs", cfg.batch_seqs, 1, "sequences per step"),
                                      ("--eval-every", cfg.eval_every, 1, "steps between held-out estimates"),

@@ -782,6 +782,8 @@ def test_another_kinds_features_reuse_the_cached_answers(target, tmp_path, monke
     first, info = hd.build_data(model, tok, "t", cfg, tmp_path)
     assert "answers_from" not in info
     monkeypatch.setattr(hd, "generate", lambda *a, **k: pytest.fail("answered again"))
+    part = hd.teacher_pass(model, [(first["tokens"][0, :3].tolist(), 1)], 4, [0, 1, 0])  # an interrupted run's part:
+    save_file(part, str(tmp_path / f"heads-data-{cfg.key('t')}-l0-1-0.teacher-00000.safetensors"))  # not a sibling
     other = dataclasses.replace(cfg, new_tokens=7)  # other settings: not a sibling (generate fails the test)
     with pytest.raises(pytest.fail.Exception):
         hd.build_data(model, tok, "t", other, tmp_path, [0, 1, 0])

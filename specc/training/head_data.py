@@ -592,8 +592,9 @@ def _sibling_answers(path: Path, key: str) -> tuple[list[tuple[list[int], int]],
     are of other layers (`key` with or without a "-l..." suffix; another --kind), and its path: the target's
     answers do not depend on which features are kept, so a new kind's data needs the teacher pass only."""
     for other in sorted(path.parent.glob(f"heads-data-{key}*.safetensors")):
-        if other == path or not (other.stem == f"heads-data-{key}" or other.stem.startswith(f"heads-data-{key}-l")):
-            continue  # teacher-pass parts and answer records of an unfinished set
+        if other == path or "." in other.stem or not (other.stem == f"heads-data-{key}"
+                                                      or other.stem.startswith(f"heads-data-{key}-l")):
+            continue  # teacher-pass parts and answer records of an unfinished set (<stem>.teacher-<n>, ...)
         try:
             with safe_open(str(other), "pt") as f:
                 tokens, valid, answer = (f.get_tensor(k) for k in ("tokens", "valid", "answer"))

@@ -189,7 +189,7 @@ def question_seeds(cfg: DataConfig) -> list[tuple[str, str]]:
 
 
 # Replies in which the target answers the instruction as an assistant instead of writing a user's message
-# ("Sure, please provide the sentence.", "I'm sorry, but I can't ..."): ~6% of Qwen2.5-Coder-1.5B's.
+# ("Sure, please provide the sentence.", "I'm sorry, but I can't ..."): 38 of 384 of Qwen2.5-Coder-1.5B's.
 ACKNOWLEDGEMENTS = ("sure", "certainly", "of course", "absolutely")
 ASSISTANT_OPENINGS = (*ACKNOWLEDGEMENTS, "i'm sorry", "i am sorry", "as an ai", "i'm unable", "i'm not able")
 ASSISTANT_PHRASES = ("as an ai", "like me to", "provide the sentence", "provide the message", "provide the details",

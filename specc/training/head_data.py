@@ -548,14 +548,15 @@ def build_data(model, tokenizer, model_name: str, cfg: DataConfig, cache: Path,
                feature_layers: list[int] | None = None, label: str = "") -> tuple[dict, dict]:
     """The cached data set for (model, cfg), generating it on first use (progress bars prefixed with
     `label`, e.g. "set 2/3: "); returns (tensors, info)."""
-    key = cfg.key(model_name) + ("-l" + "-".join(map(str, feature_layers)) if feature_layers else "")
+    base = cfg.key(model_name)
+    key = base + ("-l" + "-".join(map(str, feature_layers)) if feature_layers else "")
     path = cache / f"heads-data-{key}.safetensors"
     if path.is_file():
         return load_file(str(path)), {"cache": str(path), "reused": True}
     if cfg.dtype != "float32":  # a copy: the head keeps the float32 target's embedding and LM head rows
         model = copy.deepcopy(model).to(DTYPES[cfg.dtype])
     recorded: dict[int, dict] = {}
-    sibling = _sibling_answers(path, cfg.key(model_name)) if cfg.source == "answers" else None
+    sibling = _sibling_answers(path, base) if cfg.source == "answers" else None
     if cfg.source == "text":
         seqs = [(w, 0) for w in text_windows(tokenizer, cfg.n_code + cfg.n_chat, cfg.seq_len, cfg.code_from + cfg.chat_from)]
     elif sibling is not None:  # another kind's features over the same answers: only the teacher pass is new

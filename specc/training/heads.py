@@ -71,10 +71,11 @@ def start_from_target(head: EagleHead | Eagle3Head, target) -> None:
     if family_for(target.config).norm_offset:
         raise SpeccError(f"--init target: {target.config.model_type} norms scale by (1 + w), the head's by w; "
                          "allowed here: --init random")
+    last = target.model.layers[-1].state_dict()
     if isinstance(head, Eagle3Head):
-        _start_eagle3(head, target.model.layers[-1].state_dict())
+        _start_eagle3(head, last)
         return
-    last, mine = target.model.layers[-1].state_dict(), head.layers[0].state_dict()
+    mine = head.layers[0].state_dict()
     missing = [k for k in mine if k not in last or last[k].shape != mine[k].shape]
     if missing:
         raise SpeccError(f"--init target: the target's last layer has no {', '.join(missing)} of the head's shape; "

@@ -95,6 +95,23 @@ def test_a_target_compiled_differently_is_its_own_reference(bundles):
     assert [r for n, r in refs.items() if not n.startswith(wrong.bundle.path.name)] == [None, None]
 
 
+def test_stop_below_measures_each_chain_at_each_threshold(bundles, prompts, tmp_path, capsys):
+    """--stop-below P: every integer-k chain of a drafter that can stop early, once per P; at 1 every chain
+    ends after its first draft, at 0 none ends early; lookup (no probabilities) keeps its one chain."""
+    out = tmp_path / "stops.json"
+    assert main(["bench", str(bundles["draft"]), str(bundles["prompt_lookup"]), "--prompts", str(prompts),
+                 "--max-new-tokens", "12", "--k", "2", "--stop-below", "0", "--stop-below", "1", "--json", str(out)]) == 0
+    systems = json.loads(out.read_text())["systems"]
+    assert list(systems) == [SPECC_TARGET_ONLY, "draft [model] chain k=2 stop<0", "draft [model] chain k=2 stop<1",
+                             "prompt_lookup [prompt_lookup] chain k=2"]
+    never, always = systems["draft [model] chain k=2 stop<0"], systems["draft [model] chain k=2 stop<1"]
+    assert never["settings"]["stop_below"] == 0 and always["settings"]["stop_below"] == 1
+    assert all(s["equality"]["differs"] == 0 for s in systems.values())
+    assert always["drafted"] == always["rounds"] and never["drafted"] > never["rounds"]
+    assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--stop-below", "1.5"]) == 2
+    assert "--stop-below 1.5: allowed a probability in [0, 1]" in capsys.readouterr().err
+
+
 class _FixedModel:
     """Stands in for a transformers model: generate returns the prompt and then fixed tokens."""
 

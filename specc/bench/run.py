@@ -139,11 +139,14 @@ def target_build(manifest) -> str:
     return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}"
 
 
-def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0) -> list[SpeccSystem]:
+def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0,
+                  stop_below: list[float] = ()) -> list[SpeccSystem]:
     """Target-only on the first bundle's target, then every speculative variant asked for, per bundle.
 
     A bundle whose target was compiled differently (another quantisation, backend or precision: other
-    target-only outputs) gets a target-only system of its own, which its speculative systems must equal."""
+    target-only outputs) gets a target-only system of its own, which its speculative systems must equal.
+    stop_below: each integer-k chain of a drafter that can end chains early (a draft model, an EAGLE head)
+    is measured at each of these draft.stop_below thresholds instead of the recipe's."""
     common = {"seed": seed}
     builds = [target_build(m.bundle.manifest) for m in models]
     own: dict[str, str] = {}  # target build -> name of its target-only system
@@ -167,6 +170,8 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
         if not variants:
             label = model.tree.label if model.tree else f"chain k={model.k}"
             variants = [(label, {}, {"tree": model.tree.label} if model.tree else {"k": model.k})]
+        if stop_below and model.drafter.stops:
+            variants = [v for label, kw, shape in variants for v in _with_stops(label, kw, shape, model, stop_below)]
         for label, kw, shape in variants:
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,
                         "draft_method": model.draft_label, **shape}
@@ -177,6 +182,16 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
                                        {"speculative": True, **common, **kw}, batch_size, settings,
                                        reference=_own_reference(own[build])))
     return systems
+
+
+def _with_stops(label: str, kw: dict, shape: dict, model, stop_below: list[float]) -> list[tuple[str, dict, dict]]:
+    """A chain of integer k once per stop_below threshold; trees and k auto (its policy sets its own
+    threshold) as they are."""
+    k = kw.get("k", None if "tree" in kw or model.tree else model.k)
+    if k is None or k == "auto":
+        return [(label, kw, shape)]
+    return [(f"{label} stop<{p:g}", {**kw, "k": k, "stop_below": p}, {**shape, "k": k, "stop_below": p})
+            for p in stop_below]
 
 
 def _own_reference(target_only: str) -> str | None:
@@ -253,7 +268,8 @@ def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
 
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int | str] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
-              compare: str | None = None, progress: bool = True, llamacpp: dict | None = None) -> dict:
+              compare: str | None = None, progress: bool = True, llamacpp: dict | None = None,
+              stop_below: list[float] = ()) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
     optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
 
@@ -261,12 +277,16 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
     `hf target-only` the reference. compare="llamacpp" adds llama.cpp target-only and speculative
     (bench/llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
-    with a bandwidth line per target. progress: a bar on stderr, one step per system run.
+    with a bandwidth line per target. progress: a bar on stderr, one step per system run. stop_below:
+    draft.stop_below thresholds to measure each chain at (`specc_systems`).
     """
     from .report import summary_table, write_outputs
 
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
+    bad = [p for p in stop_below if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0]
+    if bad:
+        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
     if compare not in (None, "hf", "llamacpp"):
         raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")
     if compare and batch_size != 1:
@@ -283,7 +303,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         from .hf import hf_systems
 
         systems, skipped = hf_systems(models, anchor_k, models[0].tokenizer)
-    systems += specc_systems(models, list(k_values), list(trees), batch_size, seed)
+    systems += specc_systems(models, list(k_values), list(trees), batch_size, seed, list(stop_below))
     if compare == "llamacpp":
         from .llamacpp import systems_for_bench
 

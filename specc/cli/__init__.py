@@ -122,7 +122,8 @@ def cmd_bench(args) -> int:
         raise SpeccError(f"--tree: {exc}") from None
     run_bench(models, _read_prompts(args), max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
               repeats=args.repeats, json_path=args.json, batch_size=args.batch_size, seed=args.seed, compare=args.compare,
-              llamacpp={"target_gguf": args.llamacpp_target, "draft_gguf": args.llamacpp_draft, "threads": args.threads})
+              llamacpp={"target_gguf": args.llamacpp_target, "draft_gguf": args.llamacpp_draft, "threads": args.threads},
+              stop_below=args.stop_below or [])
     return 0
 
 
@@ -409,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_k_value, action="append",
                    help="chain speculation length to measure, or auto (adaptive k; repeatable)")
     p.add_argument("--tree", action="append", help="token tree DEPTH,BRANCHING,MAX_NODES[,VERIFY_NODES] to measure on tree bundles (repeatable; VERIFY_NODES: EAGLE-2 rerank)")
+    p.add_argument("--stop-below", type=float, action="append", metavar="P",
+                   help="measure each chain of a draft model or EAGLE head at this draft.stop_below instead of the "
+                        "recipe's: a row's chain ends after a draft below probability P (repeatable; 0: never)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
     p.add_argument("--compare", choices=["hf", "llamacpp"], help="hf: also run Hugging Face transformers on the same weights: "

@@ -752,6 +752,35 @@ def test_self_written_chat_prompts_are_sampled_once_and_kept(target, tmp_path, m
     assert grid.key("qwen2.5-coder-1.5b-instruct") == "bfab04c63af643f0"  # a set cached by earlier versions
 
 
+def test_unusable_written_messages_are_sampled_again_then_templated(target, tmp_path, monkeypatch):
+    """A reply that is no user message is sampled again (RESAMPLES times, only those rows), then falls back."""
+    from transformers import AutoTokenizer
+
+    from specc.training import head_data
+    from specc.training.head_data import DataConfig, question_seeds, written_questions
+
+    path, model = target
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = DataConfig(n_chat=3, batch=4, chat="self")
+    replies = iter([["Why do tides rise?", "Sure, please provide the sentence.", "I'm sorry, but I can't."],
+                    ["How do magnets work?", "As an AI, I can't."], ["Certainly! What would you like?"]])
+    calls = []
+
+    def generate(input_ids, **kwargs):
+        texts = next(replies)
+        calls.append(len(input_ids))
+        assert len(texts) == len(input_ids)
+        new = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        width = max(map(len, new))
+        return torch.cat([input_ids, torch.tensor([n + [tok.eos_token_id] * (width - len(n)) for n in new])], 1)
+
+    monkeypatch.setattr(model, "generate", generate)
+    questions = written_questions(model, tok, cfg, tmp_path / "q.json")
+    topic = question_seeds(cfg)[2][1]
+    assert questions == ["Why do tides rise?", "How do magnets work?", f"Tell me about {topic}."]
+    assert calls == [3, 2, 1] and head_data.RESAMPLES == 2
+
+
 def test_train_head_with_self_written_chat(target, tmp_path, monkeypatch, capsys):
     from specc.cli import main
 

@@ -194,6 +194,7 @@ ACKNOWLEDGEMENTS = ("sure", "certainly", "of course", "absolutely")
 ASSISTANT_OPENINGS = (*ACKNOWLEDGEMENTS, "i'm sorry", "i am sorry", "as an ai", "i'm unable", "i'm not able")
 ASSISTANT_PHRASES = ("as an ai", "like me to", "provide the sentence", "provide the message", "provide the details",
                      "provide the content", "provide the request", "what would you like")
+RESAMPLES = 2  # times an unusable reply is sampled again before its templated fallback
 
 
 def _clean_question(text: str) -> str:
@@ -219,8 +220,9 @@ def _clean_question(text: str) -> str:
 def written_questions(model, tokenizer, cfg: DataConfig, path: Path, desc: str = "user messages") -> list[str]:
     """cfg.n_chat user messages the target writes itself (sampled at temperature 1, top-p 0.95, from
     question_seeds), kept in `path` (JSON) so that a rerun answers the same ones. A reply that is not a
-    usable message (under 8 or over 400 characters, or the target speaking as the assistant) becomes
-    "Tell me about {topic}."; files written before that filter existed are used as they are."""
+    usable message (under 8 or over 400 characters, or the target speaking as the assistant) is sampled
+    again up to RESAMPLES times, then becomes "Tell me about {topic}."; files written before are used as
+    they are."""
     if path.is_file():
         try:
             saved = json.loads(path.read_text())
@@ -230,16 +232,23 @@ def written_questions(model, tokenizer, cfg: DataConfig, path: Path, desc: str =
             pass
     seeds, pad = question_seeds(cfg), _pad_id(tokenizer)
     torch.manual_seed(cfg.seed + cfg.chat_from)
-    out = []
+    found: list[str | None] = [None] * len(seeds)
+    todo = list(range(len(seeds)))
     with _contiguous_lm_head(model):
-        for lo in tqdm(range(0, len(seeds), cfg.batch), desc=desc, unit="batch"):
-            ids, mask = _left_padded([_encode(tokenizer, ask, True, cfg.max_prompt_tokens)
-                                      for ask, _ in seeds[lo:lo + cfg.batch]], pad)
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=QUESTION_TOKENS, do_sample=True,
-                                 temperature=1.0, top_p=0.95, top_k=0, pad_token_id=pad)
-            for (_, topic), row in zip(seeds[lo:lo + cfg.batch], gen[:, ids.shape[1]:]):
-                text = _clean_question(tokenizer.decode(row, skip_special_tokens=True))
-                out.append(text if 8 <= len(text) <= 400 else f"Tell me about {topic}.")
+        for attempt in range(1 + RESAMPLES):
+            for lo in tqdm(range(0, len(todo), cfg.batch), desc=desc if not attempt else f"{desc}, again",
+                           unit="batch"):
+                rows = todo[lo:lo + cfg.batch]
+                ids, mask = _left_padded([_encode(tokenizer, seeds[i][0], True, cfg.max_prompt_tokens) for i in rows], pad)
+                gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=QUESTION_TOKENS, do_sample=True,
+                                     temperature=1.0, top_p=0.95, top_k=0, pad_token_id=pad)
+                for i, row in zip(rows, gen[:, ids.shape[1]:]):
+                    text = _clean_question(tokenizer.decode(row, skip_special_tokens=True))
+                    found[i] = text if 8 <= len(text) <= 400 else None
+            todo = [i for i in todo if found[i] is None]
+            if not todo:
+                break
+    out = [q or f"Tell me about {topic}." for q, (_, topic) in zip(found, seeds)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".partial").write_text(json.dumps(out, indent=0))
     path.with_suffix(".partial").rename(path)

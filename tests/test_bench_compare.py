@@ -108,6 +108,9 @@ def test_stop_below_measures_each_chain_at_each_threshold(bundles, prompts, tmp_
     assert never["settings"]["stop_below"] == 0 and always["settings"]["stop_below"] == 1
     assert all(s["equality"]["differs"] == 0 for s in systems.values())
     assert always["drafted"] == always["rounds"] and never["drafted"] > never["rounds"]
+    (draft,) = load_bundles([bundles["draft"]])
+    names = [s.name for s in specc_systems([draft], ["auto", 2], [], stop_below=[0.3])]
+    assert names[1:] == ["draft [model] chain k=auto", "draft [model] chain k=2 stop<0.3"]  # auto sets its own
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--stop-below", "1.5"]) == 2
     assert "--stop-below 1.5: allowed a probability in [0, 1]" in capsys.readouterr().err
 

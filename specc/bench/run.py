@@ -187,8 +187,9 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
 def _with_stops(label: str, kw: dict, shape: dict, model, stop_below: list[float]) -> list[tuple[str, dict, dict]]:
     """A chain of integer k once per stop_below threshold; trees and k auto (its policy sets its own
     threshold) as they are."""
-    k = kw.get("k", None if "tree" in kw or model.tree else model.k)
-    if k is None or k == "auto":
+    tree = "tree" in kw or (not kw and model.tree)  # asked for, or the recipe's speculation
+    k = kw.get("k", model.k)
+    if tree or k == "auto":
         return [(label, kw, shape)]
     return [(f"{label} stop<{p:g}", {**kw, "k": k, "stop_below": p}, {**shape, "k": k, "stop_below": p})
             for p in stop_below]

@@ -8,7 +8,7 @@ import yaml
 
 from specc.cli import main
 from specc.errors import SpeccError
-from specc.bench.tune import Costs, _edit_k, predicted_speedup, set_speculation_k
+from specc.bench.tune import Acceptance, Costs, _edit_k, predicted_speedup, round_cost, round_tokens, set_speculation_k
 from specc.speculation.speedup import expected_tokens
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
@@ -18,11 +18,34 @@ def test_speedup_model():
     costs = Costs(target_step=1.0, verify={1: 1.0, 2: 1.5}, draft_step=0.1, lookup=None)
     assert expected_tokens(0.0, 3) == 1.0 and expected_tokens(1.0, 3) == 4.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-    assert predicted_speedup(0.5, 2, costs) == pytest.approx(1.75 / (0.2 + 1.5))
-    assert predicted_speedup(1.0, 1, costs) == pytest.approx(2 / 1.1)
+    assert predicted_speedup(Acceptance(0.5), 2, costs) == pytest.approx(1.75 / (0.2 + 1.5))
+    assert predicted_speedup(Acceptance(1.0), 1, costs) == pytest.approx(2 / 1.1)
     lookup = Costs(target_step=1.0, verify={2: 1.5}, draft_step=None, lookup=0.01)
     # half the rounds find no continuation: those are plain decode steps
-    assert predicted_speedup(0.5, 2, lookup, hit_rate=0.5) == pytest.approx((0.5 * 1.75 + 0.5) / (0.01 + 0.75 + 0.5))
+    assert predicted_speedup(Acceptance(None, 0.5, 0.5), 2, lookup) == pytest.approx((0.5 * 1.75 + 0.5) / (0.01 + 0.75 + 0.5))
+    # lookup in front of a model: lookup drafts 40% of rounds (alpha 0.8), the model the rest (alpha 0.5, k drafts
+    # each); every round pays the lookup and a verify pass
+    both = Costs(target_step=1.0, verify={2: 1.5}, draft_step=0.1, lookup=0.01)
+    acc = Acceptance(0.5, 0.8, 0.4)
+    assert round_tokens(acc, 2) == pytest.approx(0.4 * expected_tokens(0.8, 2) + 0.6 * 1.75)
+    assert round_cost(2, both, acc) == pytest.approx(0.01 + 0.6 * 2 * 0.1 + 1.5)
+    assert predicted_speedup(acc, 2, both) > predicted_speedup(Acceptance(0.5), 2, both)  # cheaper, better rounds
+
+
+def test_acceptance_of_a_run_splits_lookup_and_model_rounds():
+    from specc.runtime.stats import LOOKUP, RowStats
+
+    run = RowStats()
+    for n_draft, n_acc, source in [(3, 3, LOOKUP), (3, 1, LOOKUP), (3, 0, "model"), (3, 2, "model"), (3, 3, "model")]:
+        run.record(n_draft, n_acc, source)
+    acc = Acceptance.of(run, has_model=True, has_lookup=True)
+    assert acc.hit_rate == pytest.approx(2 / 5)
+    assert acc.lookup == pytest.approx(4 / (4 + 1)) and acc.model == pytest.approx(5 / (5 + 2))
+    assert Acceptance.of(run, has_model=True, has_lookup=False) == Acceptance(9 / (9 + 3))
+    alone = RowStats()
+    for n_draft, n_acc in [(2, 2), (0, 0), (2, 0), (0, 0)]:
+        alone.record(n_draft, n_acc, "prompt_lookup")
+    assert Acceptance.of(alone, has_model=False, has_lookup=True) == Acceptance(None, 2 / 3, 0.5)
 
 
 def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_path, capsys):
@@ -63,6 +86,39 @@ def test_tune_prompt_lookup_uses_the_lookup_cost_and_hit_rate(bundles):
     assert 0 < result["lookup_hit_rate"] <= 1 and result["best_k"] in (1, 2, 3)
 
 
+def test_tune_lookup_in_front_of_a_model_prices_both_arms(bundles, prompts):
+    import specc
+    from specc.bench.tune import format_tune, run_tune
+
+    items = [{"prompt": p, "chat": False, "kind": ""} for p in prompts[:12]]  # every third repeats itself
+    model = specc.load(bundles["lookup_first"])
+    assert model.lookup_first
+    result = run_tune(model, items, k_max=3, max_new_tokens=12, repeats=1, timing_prompts=1)
+    costs = result["costs"]
+    assert costs["draft_step"] > 0 and 0 <= costs["lookup"] < costs["target_step"]
+    assert 0 < result["lookup_hit_rate"] < 1  # lookup drafts the repetitive prompt, the model the other
+    assert 0 <= result["alpha_lookup"] <= 1 and 0 <= result["alpha_model"] <= 1
+    assert result["best_k"] in (1, 2, 3) and set(result["measured"]) >= {1, result["best_k"]}
+    assert "lookup rounds" in format_tune(result)
+
+
+def test_tune_models_full_chains_and_measures_the_compiled_stops(bundles, monkeypatch):
+    """alpha comes from chains that run to k (stop_below 0, as the model assumes); a bundle whose recipe stops
+    chains early is measured as compiled too."""
+    import specc
+    from specc.bench.tune import format_tune, run_tune
+
+    model = specc.load(bundles["draft"])
+    monkeypatch.setattr(model, "stop_below", 0.9)
+    items = [{"prompt": "def add(a, b):\n    return a + b", "chat": False, "kind": ""}]
+    result = run_tune(model, items, k_max=3, max_new_tokens=12, repeats=1, timing_prompts=1, check_k=[3])
+    compiled = result["measured_as_compiled"]
+    assert compiled["k"] == model.k and compiled["stop_below"] == 0.9
+    # the random tiny draft is never 90% sure: every compiled chain ends after its first draft
+    assert compiled["tokens_per_target_pass"] <= 2.0 and result["measured"][3]["tokens_per_target_pass"] >= 1
+    assert "as compiled" in format_tune(result)
+
+
 def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text(PROMPTS)
@@ -72,8 +128,6 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     assert "the bundle was compiled from" in capsys.readouterr().err
     assert main(["tune", str(bundles["tree_static"]), "--prompts", str(prompts)]) == 2
     assert "speculation.mode tree" in capsys.readouterr().err
-    assert main(["tune", str(bundles["lookup_first"]), "--prompts", str(prompts)]) == 2
-    assert "draft.lookup" in capsys.readouterr().err
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--write"]) == 2
 
 

@@ -20,6 +20,12 @@ speculation:
 - prompt lookup has no draft model: a round costs one n-gram lookup (measured, ~0) and the
   lookup finds a continuation in a fraction h of rounds; a round without one is a plain decode
   step, so S(k) = (h E(k) + 1 - h) / ((lookup + h c_v(k) + (1 - h) c_t) / c_t).
+- prompt lookup in front of a draft model (draft.lookup): every round costs the lookup; a fraction
+  h of rounds is drafted by lookup (acceptance alpha_l), the rest by the model (alpha_m, k c_d), and
+  every round is verified:
+  S(k) = (h E_l(k) + (1 - h) E_m(k)) / ((lookup + (1 - h) k c_d + c_v(k)) / c_t).
+- the model is of full chains: alpha, the costs and the checks run with draft.stop_below 0, and
+  a bundle compiled with stop_below > 0 is also measured as compiled, beside them.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import yaml
 
 from ..errors import SpeccError
 from ..limits import MAX_K
+from ..runtime.stats import RowStats
 from ..speculation.speedup import expected_tokens
 
 
@@ -44,27 +51,51 @@ class Costs:
 
     target_step: float  # c_t
     verify: dict[int, float]  # c_v(k), k -> seconds
-    draft_step: float | None  # c_d (drafters with a step graph)
-    lookup: float | None  # one prompt-lookup round (prompt_lookup drafters)
-
-    def draft_round(self, k: int) -> float:
-        """Drafting cost of one round of k tokens."""
-        return self.lookup if self.lookup is not None else k * self.draft_step
+    draft_step: float | None  # c_d (drafters with a step graph; the model behind prompt lookup)
+    lookup: float | None  # one prompt-lookup round (prompt lookup, alone or in front of a model)
 
 
-def round_tokens(alpha: float, k: int, hit_rate: float = 1.0) -> float:
-    """Mean tokens per target pass; a round without a draft (prompt lookup found nothing) yields 1."""
-    return hit_rate * expected_tokens(alpha, k) + (1 - hit_rate)
+@dataclass
+class Acceptance:
+    """Per-token acceptance of each way a round is drafted, and how often prompt lookup drafts it."""
+
+    model: float | None  # alpha of rounds a draft graph drafts (None: the drafter has no draft graph)
+    lookup: float | None = None  # alpha of rounds prompt lookup drafts (None: no prompt lookup)
+    hit_rate: float = 0.0  # h: the fraction of rounds prompt lookup drafts
+
+    @classmethod
+    def of(cls, run, has_model: bool, has_lookup: bool) -> "Acceptance":
+        """From a run's statistics (`RowStats`); an arm that never drafted gets alpha 0 (its weight is 0)."""
+        def alpha(accepted: int, rejected: int) -> float:
+            return accepted / (accepted + rejected) if accepted + rejected else 0.0
+
+        if not has_lookup:
+            return cls(alpha(run.accepted, run.rejected))
+        if not has_model:  # prompt lookup alone: rounds where it found nothing drafted nothing
+            drafted_rounds = run.drafted_at[0] if run.drafted_at else 0
+            return cls(None, alpha(run.accepted, run.rejected), drafted_rounds / run.rounds if run.rounds else 0.0)
+        return cls(alpha(run.accepted - run.lookup_accepted, run.rejected - run.lookup_rejected),
+                   alpha(run.lookup_accepted, run.lookup_rejected), run.lookup_rounds / run.rounds if run.rounds else 0.0)
 
 
-def round_cost(k: int, costs: Costs, hit_rate: float = 1.0) -> float:
-    """Mean cost of a round in units of c_t: drafting, then a verify pass or (no draft) a decode step."""
-    return (costs.draft_round(k) + hit_rate * costs.verify[k] + (1 - hit_rate) * costs.target_step) / costs.target_step
+def round_tokens(acc: Acceptance, k: int) -> float:
+    """Mean tokens per target pass: lookup's rounds, then the model's (or plain decode steps: 1 token)."""
+    h = acc.hit_rate if acc.lookup is not None else 0.0
+    rest = expected_tokens(acc.model, k) if acc.model is not None else 1.0
+    return (h * expected_tokens(acc.lookup, k) if h else 0.0) + (1 - h) * rest
 
 
-def predicted_speedup(alpha: float, k: int, costs: Costs, hit_rate: float = 1.0) -> float:
-    """S(k) of the module docstring; hit_rate < 1 only for prompt lookup."""
-    return round_tokens(alpha, k, hit_rate) / round_cost(k, costs, hit_rate)
+def round_cost(k: int, costs: Costs, acc: Acceptance) -> float:
+    """Mean cost of a round in units of c_t: the lookup (if any), the model's drafts in rounds lookup does
+    not draft, then a verify pass (or, with nothing drafted, a decode step)."""
+    h = acc.hit_rate if acc.lookup is not None else 0.0
+    rest = k * costs.draft_step + costs.verify[k] if costs.draft_step is not None else costs.target_step
+    return ((costs.lookup or 0.0) + h * costs.verify[k] + (1 - h) * rest) / costs.target_step
+
+
+def predicted_speedup(acc: Acceptance, k: int, costs: Costs) -> float:
+    """S(k) of the module docstring."""
+    return round_tokens(acc, k) / round_cost(k, costs, acc)
 
 
 def _timed(fn, samples: list[float], keep: bool = True) -> None:
@@ -79,7 +110,8 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     """Time c_t, c_v(1..k_max) and the drafting cost on each prompt's KV cache (batch 1, greedy).
 
     Each prompt is prefilled by the scheduler as a generation would be (target and drafter); the
-    target passes are `Target.decide` calls, the drafting cost the drafter's own `probe`.
+    target passes are `Target.decide` calls, the drafting costs the `probe` of each way the drafter
+    drafts (`Drafter.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
     """
     from ..runtime.drafters import Proposal
     from ..runtime.scheduler import Scheduler
@@ -88,7 +120,8 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     device = model.device
     target_s: list[float] = []
     verify_s: dict[int, list[float]] = {k: [] for k in range(1, k_max + 1)}
-    draft_s: list[float] = []
+    arms = list(model.drafter.arms.values())
+    arm_s: list[list[float]] = [[] for _ in arms]
     drafter = model.drafter
     scheduler = Scheduler(model, k=k_max, stop_below=0.0)  # acceptance of every position, as tune models it
     for i, prompt in enumerate(prompts):
@@ -110,24 +143,21 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
             rows = torch.arange(k + 1, device=device)[None]
             return model.target.decide(cache, feed[:, :k + 1], rows, params, zero, drafts, torch.zeros(1, k, device=device))
 
-        probe = drafter.probe(batch, k_max)
+        probes = [arm.probe(batch, k_max) for arm in arms]
         for r in range(repeats + 1):  # round 0 warms this cache's shapes up and is not kept
             _timed(lambda: model.target.decide(cache, feed[:, :1], first, params, zero), target_s, r > 0)
             for k in verify_s:
                 _timed(lambda: verify(k), verify_s[k], r > 0)
-            _timed(probe, draft_s, r > 0)
-    lookup = drafter.cost == "lookup"
+            for probe, samples in zip(probes, arm_s):
+                _timed(probe, samples, r > 0)
     med = statistics.median
-    return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()},
-                 None if lookup else med(draft_s), med(draft_s) if lookup else None)
+    by_cost = {arm.cost: med(samples) for arm, samples in zip(arms, arm_s)}
+    return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()}, by_cost.get("step"), by_cost.get("lookup"))
 
 
 def check_bundle(model) -> None:
     if not model.can_speculate:
         raise SpeccError(f"bundle {model.bundle.path} has no drafter (draft.method none): nothing to tune")
-    if model.lookup_first:
-        raise SpeccError("specc tune models one drafter; this bundle drafts by prompt lookup first, then its model "
-                         "(draft.lookup): tune the same recipe without draft.lookup, or compare k with `specc bench --k`")
     if model.tree is not None:
         raise SpeccError("specc tune picks the chain length speculation.k; this bundle is compiled for "
                          "speculation.mode tree (compare tree shapes with `specc bench --tree`)")
@@ -146,47 +176,57 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     if check_k and not all(1 <= k <= k_max for k in check_k):
         raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
     prompts = encode_prompts(model, items)
-    model.generate(prompts[:1], max_new_tokens=4, temperature=0.0, k=k_max)  # warm-up
+    full = {"temperature": 0.0, "stop_below": 0.0}  # full chains: what the model predicts
+    model.generate(prompts[:1], max_new_tokens=4, k=k_max, **full)  # warm-up
     costs = measure_costs(model, prompts[:timing_prompts], k_max, repeats=max(5, repeats))
 
-    model.generate(prompts, max_new_tokens=max_new_tokens, temperature=0.0, k=k_max)
-    run = model.last_stats.speculation
+    run = RowStats()
+    for prompt in prompts:  # batch 1, as the costs are timed (lookup drafts a batch's round only if every row finds)
+        model.generate([prompt], max_new_tokens=max_new_tokens, k=k_max, **full)
+        run.merge(model.last_stats.speculation)
     if run.accepted + run.rejected == 0:
         raise SpeccError("the speculative run judged no drafts (prompt lookup found nothing?): cannot estimate "
                          "acceptance; use longer or more repetitive prompts")
-    alpha = run.accepted / (run.accepted + run.rejected)
-    hit_rate = (run.drafted_at[0] / run.rounds) if costs.lookup is not None else 1.0
-    predictions = {k: predicted_speedup(alpha, k, costs, hit_rate) for k in range(1, k_max + 1)}
+    acc = Acceptance.of(run, costs.draft_step is not None, costs.lookup is not None)
+    predictions = {k: predicted_speedup(acc, k, costs) for k in range(1, k_max + 1)}
     best = max(predictions, key=predictions.get)
 
     ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max})
     systems = [SpeccSystem("target-only", model, {"speculative": False})]
-    systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k}) for k in ks]
+    systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
+    as_compiled = model.stop_below > 0 and model.drafter.stops and model.k != "auto" and model.tree is None
+    if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
+        systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
     runs: dict[str, list] = {s.name: [] for s in systems}
     for _ in range(repeats):
         for s in systems:
             runs[s.name].append(s.run(prompts, max_new_tokens))
     base = median_run(runs["target-only"])["summary"]
-    measured = {}
-    for k in ks:
-        r = median_run(runs[f"k={k}"])["summary"]
-        measured[k] = {
+
+    def figures(name: str) -> dict:
+        r = median_run(runs[name])["summary"]
+        return {
             "speedup": r["tokens_per_second"] / base["tokens_per_second"], "tokens_per_second": r["tokens_per_second"],
             "per_token_acceptance": r["per_token_acceptance"], "tokens_per_target_pass": r["tokens_per_target_pass"],
             "engine_seconds_per_round": (r["target_seconds"] + r["draft_seconds"]) / r["rounds"] if r["rounds"] else None,
             "host_seconds_per_round": r["host_seconds"] / r["rounds"] if r["rounds"] else None,
         }
+
     return {
         "bundle": str(model.bundle.path), "draft_method": model.draft_method, "prompts": len(items),
         "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": k_max, "recipe_k": model.k,
         "costs": {"target_step": costs.target_step, "verify": costs.verify, "draft_step": costs.draft_step,
                   "lookup": costs.lookup},
-        "alpha": alpha, "alpha_measured_at_k": k_max, "lookup_hit_rate": hit_rate if costs.lookup is not None else None,
+        "alpha": acc.model if acc.model is not None else acc.lookup, "alpha_model": acc.model,
+        "alpha_lookup": acc.lookup, "alpha_measured_at_k": k_max,
+        "lookup_hit_rate": acc.hit_rate if acc.lookup is not None else None,
         "target_only_tokens_per_second": base["tokens_per_second"],
         "predicted_speedup": predictions,
-        "expected_tokens_per_round": {k: round_tokens(alpha, k, hit_rate) for k in predictions},
-        "expected_cost_per_round": {k: round_cost(k, costs, hit_rate) for k in predictions},
-        "best_k": best, "measured": measured,
+        "expected_tokens_per_round": {k: round_tokens(acc, k) for k in predictions},
+        "expected_cost_per_round": {k: round_cost(k, costs, acc) for k in predictions},
+        "best_k": best, "measured": {k: figures(f"k={k}") for k in ks},
+        "measured_as_compiled": ({"k": model.k, "stop_below": model.stop_below, **figures("as compiled")}
+                                 if as_compiled else None),
     }
 
 
@@ -195,17 +235,23 @@ def format_tune(result: dict) -> str:
 
     c = result["costs"]
     c_t = c["target_step"]
+    h = result["lookup_hit_rate"]
     lines = [f"c_t (target decode step) {c_t * 1e3:.3f} ms"]
     if c["draft_step"] is not None:
         lines.append(f"c_d (draft step) {c['draft_step'] * 1e3:.3f} ms = {c['draft_step'] / c_t:.3f} c_t")
+    if c["lookup"] is not None:
+        drafts = "drafts" if c["draft_step"] is not None else "finds a continuation in"
+        lines.append(f"prompt lookup {c['lookup'] * 1e3:.3f} ms a round, {drafts} {h:.0%} of rounds")
+    at = f"run at k={result['alpha_measured_at_k']}, full chains"
+    if result["alpha_model"] is not None and result["alpha_lookup"] is not None:
+        lines.append(f"alpha (per-token acceptance, {at}) model rounds {result['alpha_model']:.3f}, "
+                     f"lookup rounds {result['alpha_lookup']:.3f}")
     else:
-        lines.append(f"prompt lookup {c['lookup'] * 1e3:.3f} ms a round, continuation found in "
-                     f"{result['lookup_hit_rate']:.0%} of rounds")
-    lines.append(f"alpha (per-token acceptance, run at k={result['alpha_measured_at_k']}) {result['alpha']:.3f}")
+        lines.append(f"alpha (per-token acceptance, {at}) {result['alpha']:.3f}")
     rows = []
     for k, pred in result["predicted_speedup"].items():
         m = result["measured"].get(k, {})
-        draft = (c["draft_step"] * k if c["draft_step"] is not None else c["lookup"]) / c_t
+        draft = ((c["lookup"] or 0.0) + (1 - (h or 0.0)) * k * (c["draft_step"] or 0.0)) / c_t
         engine = m.get("engine_seconds_per_round")
         host = m.get("host_seconds_per_round")
         rows.append([("* " if k == result["best_k"] else "") + str(k), c["verify"][k] / c_t, draft,
@@ -217,6 +263,9 @@ def format_tune(result: dict) -> str:
                         "host ms/round", "speed-up pred.", "meas."], rows))
     lines.append("pred.: from the timed engine calls and alpha; meas.: median of the alternated runs (cost: draft + "
                  "target seconds per round, incl. acceptance; host: the rest)")
+    if m := result["measured_as_compiled"]:
+        lines.append(f"as compiled (k={m['k']}, chains stop after a draft below p={m['stop_below']:g}): "
+                     f"{m['tokens_per_target_pass']:.2f} tokens/pass, measured speed-up {m['speedup']:.2f}x")
     best = result["best_k"]
     verdict = "" if result["predicted_speedup"][best] > 1 else (
         " (predicted slower than target-only at every k: this drafter does not pay on this machine)")

@@ -443,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="measure draft, verify and decode costs and acceptance; pick speculation.k",
                        description="Predicts the speed-up of each chain length k from measured costs and acceptance, "
-                                   "S(k) = (1 - a^(k+1)) / ((1 - a)(k c_d/c_t + c_v(k)/c_t)), picks the best k and "
+                                   "S(k) = (1 - a^(k+1)) / ((1 - a)(k c_d/c_t + c_v(k)/c_t)) (prompt lookup, alone or in front "
+                                   "of a model, priced by its hit rate), picks the best k and "
                                    "measures speculative vs target-only at a few k beside the prediction. "
                                    "docs/benchmarks.md explains the method.")
     p.add_argument("bundle", type=Path)

@@ -15,8 +15,9 @@ class RowStats:
     accepted: int = 0
     rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
     lookup_rounds: int = 0  # rounds drafted by prompt lookup in front of a draft model (draft.lookup) ...
-    lookup_drafted: int = 0  # ... and their drafted and accepted tokens
+    lookup_drafted: int = 0  # ... and their drafted and accepted tokens, and those that ended at a rejection
     lookup_accepted: int = 0
+    lookup_rejected: int = 0
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
 
@@ -27,6 +28,7 @@ class RowStats:
             self.lookup_rounds += 1
             self.lookup_drafted += n_draft
             self.lookup_accepted += n_acc
+            self.lookup_rejected += n_acc < n_draft
         self.drafted += n_draft
         self.accepted += n_acc
         self.rejected += n_acc < n_draft
@@ -45,6 +47,7 @@ class RowStats:
         self.lookup_rounds += other.lookup_rounds
         self.lookup_drafted += other.lookup_drafted
         self.lookup_accepted += other.lookup_accepted
+        self.lookup_rejected += other.lookup_rejected
         for _ in range(len(other.drafted_at) - len(self.drafted_at)):
             self.drafted_at.append(0)
             self.accepted_at.append(0)

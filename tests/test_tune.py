@@ -68,6 +68,8 @@ def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_p
     assert str(best) in result["measured"] and "3" in result["measured"]  # the best k and the recipe's, measured
     for m in result["measured"].values():
         assert m["speedup"] > 0 and m["tokens_per_target_pass"] >= 1
+        # the measured speed-up is of decoding after prefill, as S(k) is
+        assert m["speedup"] == pytest.approx(m["decode_tokens_per_second"] / result["target_only_decode_tokens_per_second"])
     printed = capsys.readouterr().out
     assert "speed-up pred." in printed and f"speculation.k 3 -> {best}" in printed
     text = recipe.read_text()
@@ -129,6 +131,8 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     assert main(["tune", str(bundles["tree_static"]), "--prompts", str(prompts)]) == 2
     assert "speculation.mode tree" in capsys.readouterr().err
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--write"]) == 2
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--max-new-tokens", "1"]) == 2
+    assert "--max-new-tokens must be >= 2" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("before, after", [

@@ -8,7 +8,7 @@ import yaml
 
 from specc.cli import main
 from specc.errors import SpeccError
-from specc.bench.tune import Acceptance, Costs, _edit_k, predicted_speedup, round_cost, round_tokens, set_speculation_k
+from specc.bench.tune import Acceptance, Costs, _edit_field, predicted_speedup, round_cost, round_tokens, set_recipe_fields
 from specc.speculation.speedup import expected_tokens
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
@@ -121,6 +121,28 @@ def test_tune_models_full_chains_and_measures_the_compiled_stops(bundles, monkey
     assert "as compiled" in format_tune(result)
 
 
+def test_tune_measures_stop_thresholds_and_writes_the_fastest(bundles, models_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPTS)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target: {{model: {models_dir / 'target'}}}\n"
+                      f"draft:\n  method: model\n  model: {models_dir / 'draft'}\nspeculation: {{k: 3}}\n")
+    out = tmp_path / "tune.json"
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--k-max", "3", "--max-new-tokens", "12",
+                 "--repeats", "1", "--timing-prompts", "1", "--stop-below", "0.3", "--stop-below", "0.9",
+                 "--recipe", str(recipe), "--write", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    best = result["best_k"]
+    stops = result["measured_stop_below"]
+    assert set(stops) == {"0.3", "0.9"} and str(best) in result["measured"]
+    speedups = {0.0: result["measured"][str(best)]["speedup"], 0.3: stops["0.3"]["speedup"], 0.9: stops["0.9"]["speedup"]}
+    assert result["best_stop_below"] == max(speedups, key=speedups.get)
+    assert stops["0.9"]["tokens_per_target_pass"] <= 2.0  # the random draft is never 90% sure: chains of one
+    assert "chains stop after a draft below p=0.9" in capsys.readouterr().out
+    draft = yaml.safe_load(recipe.read_text())["draft"]
+    assert draft["stop_below"] == result["best_stop_below"] and yaml.safe_load(recipe.read_text())["speculation"]["k"] == best
+
+
 def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text(PROMPTS)
@@ -133,6 +155,10 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--write"]) == 2
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--max-new-tokens", "1"]) == 2
     assert "--max-new-tokens must be >= 2" in capsys.readouterr().err
+    assert main(["tune", str(bundles["prompt_lookup"]), "--prompts", str(prompts), "--stop-below", "0.5"]) == 2
+    assert "drafters of one token at a time" in capsys.readouterr().err
+    assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--stop-below", "1.5"]) == 2
+    assert "probabilities in [0, 1], got [1.5]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("before, after", [
@@ -143,12 +169,27 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     ("backend: torch\n", "backend: torch\nspeculation:\n  k: 6\n"),
 ])
 def test_edit_k_keeps_layout(before, after):
-    assert _edit_k("target: {model: m}\n" + before, 6) == "target: {model: m}\n" + after
+    assert _edit_field("target: {model: m}\n" + before, "speculation", "k", 6) == "target: {model: m}\n" + after
 
 
-def test_set_speculation_k_validates(tmp_path):
+def test_set_recipe_fields_validates(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("target: {model: m}\ndraft: {method: prompt_lookup}\nspeculation: {k: 2}\n")
-    assert set_speculation_k(recipe, 5) == 2 and yaml.safe_load(recipe.read_text())["speculation"]["k"] == 5
+    assert set_recipe_fields(recipe, {("speculation", "k"): 5}) == {("speculation", "k"): 2}
+    assert yaml.safe_load(recipe.read_text())["speculation"]["k"] == 5
     with pytest.raises(SpeccError, match="above the maximum 16"):
-        set_speculation_k(recipe, 17)
+        set_recipe_fields(recipe, {("speculation", "k"): 17})
+    with pytest.raises(SpeccError, match="draft.stop_below"):  # prompt lookup has no chains to stop
+        set_recipe_fields(recipe, {("draft", "stop_below"): 0.5})
+    assert yaml.safe_load(recipe.read_text())["speculation"]["k"] == 5  # a refused edit writes nothing
+
+
+def test_set_recipe_fields_edits_k_and_stop_below_in_one_go(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("target: {model: m}\ndraft:\n  method: model   # the small one\n  model: d\n"
+                      "  stop_below: 0.5  # ends chains\nspeculation: {mode: chain, k: 4}\n")
+    old = set_recipe_fields(recipe, {("speculation", "k"): 3, ("draft", "stop_below"): 0.7})
+    assert old == {("speculation", "k"): 4, ("draft", "stop_below"): 0.5}
+    text = recipe.read_text()
+    assert "# the small one" in text and "  stop_below: 0.7  # ends chains" in text
+    assert yaml.safe_load(text)["speculation"] == {"mode": "chain", "k": 3}

@@ -164,8 +164,12 @@ def check_bundle(model) -> None:
 
 
 def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64, repeats: int = 3,
-             timing_prompts: int = 4, check_k: list[int] | None = None) -> dict:
-    """Measure, predict, pick k, check; returns the results (printed by `format_tune`)."""
+             timing_prompts: int = 4, check_k: list[int] | None = None, stop_below: list[float] = ()) -> dict:
+    """Measure, predict, pick k, check; returns the results (printed by `format_tune`).
+
+    stop_below: draft.stop_below thresholds to measure at the best k beside its full chains (drafters of one
+    token at a time); the fastest of them, or 0 if full chains win, is `best_stop_below`.
+    """
     from .run import SpeccSystem, encode_prompts, median_run
 
     check_bundle(model)
@@ -173,6 +177,12 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
     if repeats < 1 or timing_prompts < 1:
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
+    bad = [p for p in stop_below if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0]
+    if bad:
+        raise SpeccError(f"--stop-below takes probabilities in [0, 1], got {bad}")
+    if stop_below and not model.drafter.stops:
+        raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
+                         f"EAGLE head); this bundle drafts with {model.draft_method}")
     if max_new_tokens < 2:
         raise SpeccError(f"--max-new-tokens must be >= 2 (tune measures decoding after prefill's first token), got {max_new_tokens}")
     if check_k and not all(1 <= k <= k_max for k in check_k):
@@ -193,12 +203,16 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     predictions = {k: predicted_speedup(acc, k, costs) for k in range(1, k_max + 1)}
     best = max(predictions, key=predictions.get)
 
-    ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max})
+    ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max}
+                | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
     systems = [SpeccSystem("target-only", model, {"speculative": False})]
     systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
     as_compiled = model.stop_below > 0 and model.drafter.stops and model.k != "auto" and model.tree is None
     if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
         systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
+    stops = sorted(set(float(p) for p in stop_below))
+    systems += [SpeccSystem(f"k={best} stop<{p:g}", model, {"speculative": True, "k": best, "stop_below": p})
+                for p in stops]
     runs: dict[str, list] = {s.name: [] for s in systems}
     for _ in range(repeats):
         for s in systems:
@@ -215,6 +229,8 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
             "host_seconds_per_round": r["host_seconds"] / r["rounds"] if r["rounds"] else None,
         }
 
+    measured_stops = {p: figures(f"k={best} stop<{p:g}") for p in stops}
+    best_stop = max([0.0, *stops], key=lambda p: (measured_stops[p] if p else figures(f"k={best}"))["speedup"]) if stops else None
     return {
         "bundle": str(model.bundle.path), "draft_method": model.draft_method, "prompts": len(items),
         "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": k_max, "recipe_k": model.k,
@@ -230,6 +246,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         "best_k": best, "measured": {k: figures(f"k={k}") for k in ks},
         "measured_as_compiled": ({"k": model.k, "stop_below": model.stop_below, **figures("as compiled")}
                                  if as_compiled else None),
+        "measured_stop_below": measured_stops, "best_stop_below": best_stop,
     }
 
 
@@ -276,6 +293,11 @@ def format_tune(result: dict) -> str:
         lines.append(f"as compiled (k={m['k']}, chains stop after a draft below p={m['stop_below']:g}): "
                      f"{m['tokens_per_target_pass']:.2f} tokens/pass, measured speed-up {m['speedup']:.2f}x")
     best = result["best_k"]
+    for p, m in result["measured_stop_below"].items():
+        lines.append(f"k={best}, chains stop after a draft below p={p:g}: {m['tokens_per_target_pass']:.2f} tokens/pass, "
+                     f"measured speed-up {m['speedup']:.2f}x (full chains {result['measured'][best]['speedup']:.2f}x)")
+    if result["best_stop_below"] is not None:
+        lines.append(f"best draft.stop_below at k={best}: {result['best_stop_below']:g} (measured)")
     verdict = "" if result["predicted_speedup"][best] > 1 else (
         " (predicted slower than target-only at every k: this drafter does not pay on this machine)")
     lines.append(f"best k = {best}: predicted speed-up {result['predicted_speedup'][best]:.2f}x{verdict}")
@@ -293,56 +315,59 @@ def check_recipe_matches(path: Path, model) -> None:
                          f"the bundle was compiled from {manifest.models['target']!r} with {manifest.draft.method!r}")
 
 
-def set_speculation_k(path: Path, k: int) -> int:
-    """Set speculation.k in a recipe YAML file, keeping its comments and layout; returns the old value.
+def set_recipe_fields(path: Path, fields: dict[tuple[str, str], object]) -> dict[tuple[str, str], object]:
+    """Set (section, key) fields of a recipe YAML file (speculation.k, draft.stop_below), keeping its comments
+    and layout; returns the old values.
 
-    The edited text is validated: it must parse to the same recipe with only speculation.k changed.
+    The edited text is validated: it must parse to the same recipe with only those fields changed.
     """
     from ..recipe import parse_recipe
 
     path = Path(path)
     text = path.read_text()
     before = parse_recipe(yaml.safe_load(text), str(path))
-    edited = _edit_k(text, k)
+    edited, want = text, before.to_dict()
+    for (section, key), value in fields.items():
+        edited = _edit_field(edited, section, key, value)
+        want[section][key] = value
+    by_hand = ", ".join(f"{section}.{key}: {value}" for (section, key), value in fields.items())
     try:
         after = parse_recipe(yaml.safe_load(edited), str(path))
     except (yaml.YAMLError, SpeccError) as exc:
-        raise SpeccError(f"could not edit {path} ({exc}); set speculation.k: {k} by hand") from None
-    want = before.to_dict()
-    want["speculation"]["k"] = k
+        raise SpeccError(f"could not edit {path} ({exc}); set {by_hand} by hand") from None
     if after.to_dict() != want:
-        raise SpeccError(f"could not edit {path} safely; set speculation.k: {k} by hand")
+        raise SpeccError(f"could not edit {path} safely; set {by_hand} by hand")
     path.write_text(edited)
-    return before.speculation.k
+    old = before.to_dict()
+    return {(section, key): old[section][key] for section, key in fields}
 
 
-_BLOCK = re.compile(r"^speculation:[ \t]*(#.*)?$", re.M)
-_FLOW = re.compile(r"^(speculation:[ \t]*\{)([^}\n]*)(\}.*)$", re.M)
-
-
-def _edit_k(text: str, k: int) -> str:
-    if m := _FLOW.search(text):
+def _edit_field(text: str, section: str, key: str, value) -> str:
+    """Text with `section.key: value`: replaced where the section has the key, else added to the section
+    (flow or block style), else a new section at the end."""
+    sec, k = re.escape(section), re.escape(key)
+    if m := re.search(rf"^({sec}:[ \t]*\{{)([^}}\n]*)(\}}.*)$", text, re.M):
         inner = m.group(2)
-        if re.search(r"(^|,)\s*k\s*:", inner):
-            inner = re.sub(r"((?:^|,)\s*k\s*:\s*)[^,]*?(\s*(?:,|$))", rf"\g<1>{k}\g<2>", inner, count=1)
+        if re.search(rf"(^|,)\s*{k}\s*:", inner):
+            inner = re.sub(rf"((?:^|,)\s*{k}\s*:\s*)[^,]*?(\s*(?:,|$))", rf"\g<1>{value}\g<2>", inner, count=1)
         else:
-            inner = inner.rstrip() + (", " if inner.strip() else "") + f"k: {k}"
+            inner = inner.rstrip() + (", " if inner.strip() else "") + f"{key}: {value}"
         return text[:m.start()] + m.group(1) + inner + m.group(3) + text[m.end():]
-    if m := _BLOCK.search(text):
+    if m := re.search(rf"^{sec}:[ \t]*(#.*)?$", text, re.M):
         body_start = m.end() + 1
         lines = text[body_start:].split("\n")
         end = next((i for i, line in enumerate(lines) if line.strip() and not line[0].isspace() and not line.startswith("#")),
                    len(lines))
         block = lines[:end]
         for i, line in enumerate(block):
-            if km := re.match(r"^(\s+k\s*:\s*)([^#\s]+)(.*)$", line):
-                block[i] = f"{km.group(1)}{k}{km.group(3)}"
+            if km := re.match(rf"^(\s+{k}\s*:\s*)([^#\s]+)(.*)$", line):
+                block[i] = f"{km.group(1)}{value}{km.group(3)}"
                 break
         else:
             indent = next((re.match(r"^\s+", line).group(0) for line in block if line.strip() and line[0].isspace()), "  ")
-            block.insert(0, f"{indent}k: {k}")
+            block.insert(0, f"{indent}{key}: {value}")
         return text[:body_start] + "\n".join(block + lines[end:])
-    return text.rstrip("\n") + f"\nspeculation:\n  k: {k}\n"
+    return text.rstrip("\n") + f"\n{section}:\n  {key}: {value}\n"
 
 
 def write_json(result: dict, path: Path) -> None:

@@ -148,7 +148,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_speculation_k, write_json
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields, write_json
 
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
@@ -157,16 +157,22 @@ def cmd_tune(args) -> int:
     if args.recipe:
         check_recipe_matches(args.recipe, model)
     result = run_tune(model, _read_prompts(args), k_max=args.k_max, max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats, timing_prompts=args.timing_prompts, check_k=args.check_k)
+                      repeats=args.repeats, timing_prompts=args.timing_prompts, check_k=args.check_k,
+                      stop_below=args.stop_below or [])
     print(format_tune(result))
-    best = result["best_k"]
+    fields = {("speculation", "k"): result["best_k"]}
+    if result["best_stop_below"] is not None:
+        fields[("draft", "stop_below")] = result["best_stop_below"]
+    settings = ", ".join(f"{section}.{key}: {value}" for (section, key), value in fields.items())
     if args.write:
-        old = set_speculation_k(args.recipe, best)
-        result["recipe_written"] = {"path": str(args.recipe), "speculation.k": [old, best]}
-        print(f"{args.recipe}: speculation.k {old} -> {best} (recompile with `specc compile {args.recipe}` for the "
-              f"bundle to use it; `specc generate --k {best}` uses it now)")
+        old = set_recipe_fields(args.recipe, fields)
+        result["recipe_written"] = {"path": str(args.recipe),
+                                    **{f"{s}.{k}": [old[s, k], v] for (s, k), v in fields.items()}}
+        changes = ", ".join(f"{s}.{k} {old[s, k]} -> {v}" for (s, k), v in fields.items())
+        print(f"{args.recipe}: {changes} (recompile with `specc compile {args.recipe}` for the bundle to use it; "
+              f"`specc generate --k {result['best_k']}` uses the k now)")
     elif args.recipe:
-        print(f"run again with --write to set speculation.k: {best} in {args.recipe}")
+        print(f"run again with --write to set {settings} in {args.recipe}")
     if args.json:
         write_json(result, args.json)
         print(f"written: {args.json}")
@@ -455,8 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing-prompts", type=int, default=4, help="prompts whose KV cache the engine calls are timed on")
     p.add_argument("--check-k", type=int, action="append",
                    help="k to measure beside the prediction (repeatable; default: 1, best-1, best, best+1, the recipe's)")
+    p.add_argument("--stop-below", type=float, action="append", metavar="P",
+                   help="also measure the best k with chains ending after a draft below probability P (repeatable; "
+                        "drafters of one token at a time); --write then sets the fastest as draft.stop_below")
     p.add_argument("--recipe", type=Path, help="the recipe the bundle was compiled from (checked against the bundle)")
-    p.add_argument("--write", action="store_true", help="set speculation.k in --recipe to the best k (comments kept)")
+    p.add_argument("--write", action="store_true",
+                   help="set speculation.k in --recipe to the best k (and draft.stop_below with --stop-below; comments kept)")
     p.add_argument("--json", type=Path, help="write the measurements and predictions here")
     p.set_defaults(func=cmd_tune)
 

@@ -218,6 +218,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         for s in systems:
             runs[s.name].append(s.run(prompts, max_new_tokens))
     base = median_run(runs["target-only"])["summary"]
+    if base["new_tokens"] <= base["requests"]:
+        raise SpeccError("target-only decoding ended every prompt at its first token (end of sequence): nothing to "
+                         "compare; use other prompts")
 
     def figures(name: str) -> dict:
         r = median_run(runs[name])["summary"]

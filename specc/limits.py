@@ -13,3 +13,8 @@ MAX_NGRAM = 16  # longest n-gram prompt lookup matches
 def auto_k_max(k: int | str) -> int:
     """The largest k adaptive speculation considers for a recipe's speculation.k (an integer or "auto")."""
     return AUTO_K_MAX if k == "auto" else min(max(k, AUTO_K_MAX), MAX_K)
+
+
+def is_probability(x: object) -> bool:
+    """A number (not a bool) in [0, 1]: what a stop_below threshold must be, wherever it is given."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0

@@ -158,7 +158,7 @@ def test_tune_refuses_a_recipe_of_another_bundle(bundles, models_dir, tmp_path, 
     assert main(["tune", str(bundles["prompt_lookup"]), "--prompts", str(prompts), "--stop-below", "0.5"]) == 2
     assert "drafters of one token at a time" in capsys.readouterr().err
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--stop-below", "1.5"]) == 2
-    assert "probabilities in [0, 1], got [1.5]" in capsys.readouterr().err
+    assert "--stop-below 1.5: allowed a probability in [0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("before, after", [

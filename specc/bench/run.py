@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from ..errors import SpeccError
 from ..hardware import cpu
+from ..limits import is_probability
 from .prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
@@ -285,8 +286,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
 
     if repeats < 1 or batch_size < 1:
         raise SpeccError("--repeats and --batch-size must be >= 1")
-    bad = [p for p in stop_below if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0]
-    if bad:
+    if bad := [p for p in stop_below if not is_probability(p)]:
         raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
     if compare not in (None, "hf", "llamacpp"):
         raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")

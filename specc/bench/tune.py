@@ -40,7 +40,7 @@ import torch
 import yaml
 
 from ..errors import SpeccError
-from ..limits import MAX_K
+from ..limits import MAX_K, is_probability
 from ..runtime.stats import RowStats
 from ..speculation.speedup import expected_tokens
 
@@ -177,9 +177,8 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
     if repeats < 1 or timing_prompts < 1:
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
-    bad = [p for p in stop_below if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0]
-    if bad:
-        raise SpeccError(f"--stop-below takes probabilities in [0, 1], got {bad}")
+    if bad := [p for p in stop_below if not is_probability(p)]:
+        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
     if stop_below and not model.drafter.stops:
         raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
                          f"EAGLE head); this bundle drafts with {model.draft_method}")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import RequestError
-from ..limits import MAX_K, auto_k_max
+from ..limits import MAX_K, auto_k_max, is_probability
 from ..speculation.sampling import probs_from_logits
 from ..speculation.tree import TreeShape, accept_tree_greedy, accept_tree_sampled, rerank, tree_tensors
 from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
@@ -70,8 +70,7 @@ class Scheduler:
         self.tree = (tree or default_tree) if self.speculative else None
         if k is None and self.tree is None:
             k = model.k  # the recipe's: an integer or "auto"
-        if stop_below is not None and not (isinstance(stop_below, (int, float)) and not isinstance(stop_below, bool)
-                                           and 0.0 <= stop_below <= 1.0):
+        if stop_below is not None and not is_probability(stop_below):
             raise RequestError(f"stop_below must be a probability in [0, 1], got {stop_below!r}")
         self.stop_below = model.stop_below if stop_below is None else float(stop_below)
         self.policy = None

@@ -70,8 +70,11 @@ def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_p
         assert m["speedup"] > 0 and m["tokens_per_target_pass"] >= 1
         # the measured speed-up is of decoding after prefill, as S(k) is
         assert m["speedup"] == pytest.approx(m["decode_tokens_per_second"] / result["target_only_decode_tokens_per_second"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "speed-up pred." in printed and f"speculation.k 3 -> {best}" in printed
+    # the progress bar: costs, the acceptance run's 2 prompts, then each check run
+    assert "tune: " in captured.err and "check k=" in captured.err
     text = recipe.read_text()
     assert "# my recipe" in text and "# the 2-layer draft" in text and "# draft tokens per round" in text
     assert yaml.safe_load(text)["speculation"] == {"mode": "chain", "k": best}
@@ -130,7 +133,9 @@ def test_tune_measures_stop_thresholds_and_writes_the_fastest(bundles, models_di
     out = tmp_path / "tune.json"
     assert main(["tune", str(bundles["draft"]), "--prompts", str(prompts), "--k-max", "3", "--max-new-tokens", "12",
                  "--repeats", "1", "--timing-prompts", "1", "--stop-below", "0.3", "--stop-below", "0.9",
-                 "--recipe", str(recipe), "--write", "--json", str(out)]) == 0
+                 "--recipe", str(recipe), "--write", "--json", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "tune: " not in captured.err  # --quiet: no progress bar
     result = json.loads(out.read_text())
     best = result["best_k"]
     stops = result["measured_stop_below"]
@@ -138,7 +143,7 @@ def test_tune_measures_stop_thresholds_and_writes_the_fastest(bundles, models_di
     speedups = {0.0: result["measured"][str(best)]["speedup"], 0.3: stops["0.3"]["speedup"], 0.9: stops["0.9"]["speedup"]}
     assert result["best_stop_below"] == max(speedups, key=speedups.get)
     assert stops["0.9"]["tokens_per_target_pass"] <= 2.0  # the random draft is never 90% sure: chains of one
-    assert "chains stop after a draft below p=0.9" in capsys.readouterr().out
+    assert "chains stop after a draft below p=0.9" in captured.out
     draft = yaml.safe_load(recipe.read_text())["draft"]
     assert draft["stop_below"] == result["best_stop_below"] and yaml.safe_load(recipe.read_text())["speculation"]["k"] == best
 

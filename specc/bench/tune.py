@@ -32,12 +32,14 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
+from tqdm import tqdm
 
 from ..errors import SpeccError
 from ..limits import MAX_K, is_probability
@@ -164,11 +166,13 @@ def check_bundle(model) -> None:
 
 
 def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64, repeats: int = 3,
-             timing_prompts: int = 4, check_k: list[int] | None = None, stop_below: list[float] = ()) -> dict:
+             timing_prompts: int = 4, check_k: list[int] | None = None, stop_below: list[float] = (),
+             progress: bool = True) -> dict:
     """Measure, predict, pick k, check; returns the results (printed by `format_tune`).
 
     stop_below: draft.stop_below thresholds to measure at the best k beside its full chains (drafters of one
-    token at a time); the fastest of them, or 0 if full chains win, is `best_stop_below`.
+    token at a time); the fastest of them, or 0 if full chains win, is `best_stop_below`. progress: a bar on
+    stderr, one step for the cost timings, one per prompt of the acceptance run, one per check run.
     """
     from .run import SpeccSystem, encode_prompts, median_run
 
@@ -188,34 +192,42 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
     prompts = encode_prompts(model, items)
     full = {"temperature": 0.0, "stop_below": 0.0}  # full chains: what the model predicts
-    model.generate(prompts[:1], max_new_tokens=4, k=k_max, **full)  # warm-up
-    costs = measure_costs(model, prompts[:timing_prompts], k_max, repeats=max(5, repeats))
+    with tqdm(total=1 + len(prompts), desc="tune", unit="step", file=sys.stderr, disable=not progress) as bar:
+        bar.set_postfix_str("engine costs")
+        model.generate(prompts[:1], max_new_tokens=4, k=k_max, **full)  # warm-up
+        costs = measure_costs(model, prompts[:timing_prompts], k_max, repeats=max(5, repeats))
+        bar.update()
 
-    run = RowStats()
-    for prompt in prompts:  # batch 1, as the costs are timed (lookup drafts a batch's round only if every row finds)
-        model.generate([prompt], max_new_tokens=max_new_tokens, k=k_max, **full)
-        run.merge(model.last_stats.speculation)
-    if run.accepted + run.rejected == 0:
-        raise SpeccError("the speculative run judged no drafts (prompt lookup found nothing?): cannot estimate "
-                         "acceptance; use longer or more repetitive prompts")
-    acc = Acceptance.of(run, costs.draft_step is not None, costs.lookup is not None)
-    predictions = {k: predicted_speedup(acc, k, costs) for k in range(1, k_max + 1)}
-    best = max(predictions, key=predictions.get)
+        run = RowStats()
+        bar.set_postfix_str(f"acceptance, chains of {k_max}")
+        for prompt in prompts:  # batch 1, as the costs are timed (lookup drafts a batch's round only if every row finds)
+            model.generate([prompt], max_new_tokens=max_new_tokens, k=k_max, **full)
+            run.merge(model.last_stats.speculation)
+            bar.update()
+        if run.accepted + run.rejected == 0:
+            raise SpeccError("the speculative run judged no drafts (prompt lookup found nothing?): cannot estimate "
+                             "acceptance; use longer or more repetitive prompts")
+        acc = Acceptance.of(run, costs.draft_step is not None, costs.lookup is not None)
+        predictions = {k: predicted_speedup(acc, k, costs) for k in range(1, k_max + 1)}
+        best = max(predictions, key=predictions.get)
 
-    ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max}
-                | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
-    systems = [SpeccSystem("target-only", model, {"speculative": False})]
-    systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
-    as_compiled = model.stop_below > 0 and model.drafter.stops and model.k != "auto" and model.tree is None
-    if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
-        systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
-    stops = sorted(set(float(p) for p in stop_below))
-    systems += [SpeccSystem(f"k={best} stop<{p:g}", model, {"speculative": True, "k": best, "stop_below": p})
-                for p in stops]
-    runs: dict[str, list] = {s.name: [] for s in systems}
-    for _ in range(repeats):
-        for s in systems:
-            runs[s.name].append(s.run(prompts, max_new_tokens))
+        ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max}
+                    | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
+        systems = [SpeccSystem("target-only", model, {"speculative": False})]
+        systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
+        as_compiled = model.stop_below > 0 and model.drafter.stops and model.k != "auto" and model.tree is None
+        if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
+            systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
+        stops = sorted(set(float(p) for p in stop_below))
+        systems += [SpeccSystem(f"k={best} stop<{p:g}", model, {"speculative": True, "k": best, "stop_below": p})
+                    for p in stops]
+        runs: dict[str, list] = {s.name: [] for s in systems}
+        bar.total += repeats * len(systems)
+        for _ in range(repeats):
+            for s in systems:
+                bar.set_postfix_str(f"check {s.name}")
+                runs[s.name].append(s.run(prompts, max_new_tokens))
+                bar.update()
     base = median_run(runs["target-only"])["summary"]
     if base["new_tokens"] <= base["requests"]:
         raise SpeccError("target-only decoding ended every prompt at its first token (end of sequence): nothing to "

@@ -158,7 +158,7 @@ def cmd_tune(args) -> int:
         check_recipe_matches(args.recipe, model)
     result = run_tune(model, _read_prompts(args), k_max=args.k_max, max_new_tokens=args.max_new_tokens,
                       repeats=args.repeats, timing_prompts=args.timing_prompts, check_k=args.check_k,
-                      stop_below=args.stop_below or [])
+                      stop_below=args.stop_below or [], progress=not args.quiet)
     print(format_tune(result))
     fields = {("speculation", "k"): result["best_k"]}
     if result["best_stop_below"] is not None:
@@ -468,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true",
                    help="set speculation.k in --recipe to the best k (and draft.stop_below with --stop-below; comments kept)")
     p.add_argument("--json", type=Path, help="write the measurements and predictions here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest")

@@ -8,28 +8,39 @@ import yaml
 
 from specc.cli import main
 from specc.errors import SpeccError
-from specc.bench.tune import Acceptance, Costs, _edit_field, predicted_speedup, round_cost, round_tokens, set_recipe_fields
+from specc.bench.tune import (Acceptance, Costs, _edit_field, chain_tokens, predicted_speedup, round_cost, round_tokens,
+                              set_recipe_fields)
 from specc.speculation.speedup import expected_tokens
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
+
+
+def geometric(alpha: float, k: int) -> list[float]:
+    """The survival curve of a per-token acceptance alpha the same at every position."""
+    return [alpha ** i for i in range(1, k + 1)]
 
 
 def test_speedup_model():
     costs = Costs(target_step=1.0, verify={1: 1.0, 2: 1.5}, draft_step=0.1, lookup=None)
     assert expected_tokens(0.0, 3) == 1.0 and expected_tokens(1.0, 3) == 4.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-    assert predicted_speedup(Acceptance(0.5), 2, costs) == pytest.approx(1.75 / (0.2 + 1.5))
-    assert predicted_speedup(Acceptance(1.0), 1, costs) == pytest.approx(2 / 1.1)
+    # E(k) = 1 + s_1 + ... + s_k: the geometric formula where acceptance is the same at every position
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        assert chain_tokens(geometric(alpha, 4), 3) == pytest.approx(expected_tokens(alpha, 3))
+    assert chain_tokens([0.5], 3) == 1.5  # positions the run never reached count 0
+    assert predicted_speedup(Acceptance(geometric(0.5, 2)), 2, costs) == pytest.approx(1.75 / (0.2 + 1.5))
+    assert predicted_speedup(Acceptance([1.0]), 1, costs) == pytest.approx(2 / 1.1)
     lookup = Costs(target_step=1.0, verify={2: 1.5}, draft_step=None, lookup=0.01)
     # half the rounds find no continuation: those are plain decode steps
-    assert predicted_speedup(Acceptance(None, 0.5, 0.5), 2, lookup) == pytest.approx((0.5 * 1.75 + 0.5) / (0.01 + 0.75 + 0.5))
-    # lookup in front of a model: lookup drafts 40% of rounds (alpha 0.8), the model the rest (alpha 0.5, k drafts
-    # each); every round pays the lookup and a verify pass
+    assert predicted_speedup(Acceptance(None, geometric(0.5, 2), 0.5), 2, lookup) == pytest.approx(
+        (0.5 * 1.75 + 0.5) / (0.01 + 0.75 + 0.5))
+    # lookup in front of a model: lookup drafts 40% of rounds, the model the rest (k drafts each); every round
+    # pays the lookup and a verify pass
     both = Costs(target_step=1.0, verify={2: 1.5}, draft_step=0.1, lookup=0.01)
-    acc = Acceptance(0.5, 0.8, 0.4)
+    acc = Acceptance(geometric(0.5, 2), geometric(0.8, 2), 0.4)
     assert round_tokens(acc, 2) == pytest.approx(0.4 * expected_tokens(0.8, 2) + 0.6 * 1.75)
     assert round_cost(2, both, acc) == pytest.approx(0.01 + 0.6 * 2 * 0.1 + 1.5)
-    assert predicted_speedup(acc, 2, both) > predicted_speedup(Acceptance(0.5), 2, both)  # cheaper, better rounds
+    assert predicted_speedup(acc, 2, both) > predicted_speedup(Acceptance(geometric(0.5, 2)), 2, both)  # cheaper, better
 
 
 def test_acceptance_of_a_run_splits_lookup_and_model_rounds():
@@ -40,12 +51,26 @@ def test_acceptance_of_a_run_splits_lookup_and_model_rounds():
         run.record(n_draft, n_acc, source)
     acc = Acceptance.of(run, has_model=True, has_lookup=True)
     assert acc.hit_rate == pytest.approx(2 / 5)
-    assert acc.lookup == pytest.approx(4 / (4 + 1)) and acc.model == pytest.approx(5 / (5 + 2))
-    assert Acceptance.of(run, has_model=True, has_lookup=False) == Acceptance(9 / (9 + 3))
+    assert acc.lookup == pytest.approx([1.0, 0.5, 0.5]) and acc.model == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    assert acc.alpha_lookup == pytest.approx(4 / (4 + 1)) and acc.alpha_model == pytest.approx(5 / (5 + 2))
+    assert Acceptance.of(run, has_model=True, has_lookup=False) == Acceptance([4 / 5, 3 / 5, 2 / 5], alpha_model=9 / 12)
     alone = RowStats()
     for n_draft, n_acc in [(2, 2), (0, 0), (2, 0), (0, 0)]:
         alone.record(n_draft, n_acc, "prompt_lookup")
-    assert Acceptance.of(alone, has_model=False, has_lookup=True) == Acceptance(None, 2 / 3, 0.5)
+    assert Acceptance.of(alone, has_model=False, has_lookup=True) == Acceptance(None, [0.5, 0.5], 0.5, alpha_lookup=2 / 3)
+
+
+def test_survival_predicts_a_run_the_pooled_alpha_overstates():
+    """Half the rounds accept all 4 drafts, half none: alpha pooled over the run is 4/5, which the geometric
+    model turns into 1.8 tokens a round at k=1, but a round of one draft yields 1.5; the survival curve says so."""
+    from specc.runtime.stats import RowStats
+
+    run = RowStats()
+    for n_acc in (4, 0) * 10:
+        run.record(4, n_acc)
+    acc = Acceptance.of(run, has_model=True, has_lookup=False)
+    assert acc.alpha_model == pytest.approx(0.8) and expected_tokens(0.8, 1) == pytest.approx(1.8)
+    assert round_tokens(acc, 1) == pytest.approx(1.5) and round_tokens(acc, 4) == pytest.approx(3.0)
 
 
 def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_path, capsys):
@@ -65,6 +90,9 @@ def test_tune_measures_predicts_and_writes_the_recipe(bundles, models_dir, tmp_p
     costs = result["costs"]
     assert costs["target_step"] > 0 and costs["draft_step"] > 0 and set(costs["verify"]) == {"1", "2", "3", "4"}
     assert 0 < result["alpha"] < 1  # a partly agreeing draft
+    survival = result["survival_model"]  # full chains of 4: how far each round got, never rising along the chain
+    assert len(survival) == 4 and all(a >= b for a, b in zip(survival, survival[1:])) and 0 < survival[0] < 1
+    assert result["expected_tokens_per_round"][str(best)] == pytest.approx(1 + sum(survival[:best]))
     assert str(best) in result["measured"] and "3" in result["measured"]  # the best k and the recipe's, measured
     for m in result["measured"].values():
         assert m["speedup"] > 0 and m["tokens_per_target_pass"] >= 1

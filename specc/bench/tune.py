@@ -1,12 +1,16 @@
-"""`specc tune`: measure what a round costs and how often drafts are accepted, predict the speed-up
+"""`specc tune`: measure what a round costs and how far chains of drafts get, predict the speed-up
 of every chain length k, pick the best, check the prediction against measured runs.
 
-With per-token acceptance alpha, a round of k drafts yields on average
-E(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens (Leviathan et al. 2023, arXiv:2211.17192), and costs
-k drafting steps plus one verify pass of k+1 tokens, against E(k) target decode steps without
-speculation:
+A round of k drafts yields E(k) = 1 + s_1 + ... + s_k tokens on average, s_i being the fraction of
+rounds whose first i drafts are all accepted, and costs k drafting steps plus one verify pass of
+k+1 tokens, against E(k) target decode steps without speculation:
 
-    S(k) = (1 - alpha^(k+1)) / ((1 - alpha) (k c_d / c_t + c_v(k) / c_t))
+    S(k) = E(k) / (k c_d / c_t + c_v(k) / c_t)
+
+With a per-token acceptance alpha the same at every position, s_i = alpha^i and E(k) is the
+geometric (1 - alpha^(k+1)) / (1 - alpha) of Leviathan et al. 2023 (arXiv:2211.17192); measured
+survival needs no such assumption (acceptance is not the same along a chain: easy stretches of
+text carry long chains, so alpha pooled over a run at k_max overstates the first positions).
 
 - c_t: one target decode step (1 token); c_v(k): one verify pass of k+1 tokens, measured for each
   k (on CPUs it grows with k); c_d: one draft step (model, quantised and early-exit drafters).
@@ -14,17 +18,18 @@ speculation:
   steps (`Drafter.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
   kinds interleaved. Host work per round (acceptance outside the graph, KV commits, Python) is
   not in the model; the measured check shows it.
-- alpha: accepted / (accepted + rejected) over a speculative run on the prompts at k = k_max,
-  where a round of k drafts contributes its accepted drafts and, if it stopped early, one
-  rejection (`per_token_acceptance` in the runtime statistics).
+- s_1..s_kmax: from a speculative run on the prompts at k = k_max with full chains: a round of k
+  drafts accepts what the first k drafts of that run's round from the same context accepted (the
+  drafter draws them one at a time), so the one run estimates E(k) for every k <= k_max. alpha
+  (`per_token_acceptance` in the runtime statistics) is reported beside it.
 - prompt lookup has no draft model: a round costs one n-gram lookup (measured, ~0) and the
-  lookup finds a continuation in a fraction h of rounds; a round without one is a plain decode
-  step, so S(k) = (h E(k) + 1 - h) / ((lookup + h c_v(k) + (1 - h) c_t) / c_t).
+  lookup finds a continuation in a fraction h of rounds (s_i over those rounds); a round without one
+  is a plain decode step, so S(k) = (h E(k) + 1 - h) / ((lookup + h c_v(k) + (1 - h) c_t) / c_t).
 - prompt lookup in front of a draft model (draft.lookup): every round costs the lookup; a fraction
-  h of rounds is drafted by lookup (acceptance alpha_l), the rest by the model (alpha_m, k c_d), and
+  h of rounds is drafted by lookup (its own s_i, E_l), the rest by the model (E_m, k c_d), and
   every round is verified:
   S(k) = (h E_l(k) + (1 - h) E_m(k)) / ((lookup + (1 - h) k c_d + c_v(k)) / c_t).
-- the model is of full chains: alpha, the costs and the checks run with draft.stop_below 0, and
+- the model is of full chains: s_i, the costs and the checks run with draft.stop_below 0, and
   a bundle compiled with stop_below > 0 is also measured as compiled, beside them.
 """
 from __future__ import annotations
@@ -44,7 +49,6 @@ from tqdm import tqdm
 from ..errors import SpeccError
 from ..limits import MAX_K, is_probability
 from ..runtime.stats import RowStats
-from ..speculation.speedup import expected_tokens
 
 
 @dataclass
@@ -59,32 +63,50 @@ class Costs:
 
 @dataclass
 class Acceptance:
-    """Per-token acceptance of each way a round is drafted, and how often prompt lookup drafts it."""
+    """How far each way of drafting a round gets, and how often prompt lookup drafts the round.
 
-    model: float | None  # alpha of rounds a draft graph drafts (None: the drafter has no draft graph)
-    lookup: float | None = None  # alpha of rounds prompt lookup drafts (None: no prompt lookup)
+    A survival curve [s_1, s_2, ...] gives, for each draft position i, the fraction of an arm's rounds
+    whose first i drafts were all accepted (measured with full chains): a round of k drafts then yields
+    E(k) = 1 + s_1 + ... + s_k tokens. alpha, the per-token acceptance, is what the geometric model
+    would make of the same run (s_i = alpha^i); it is reported, not used."""
+
+    model: list[float] | None  # survival of rounds a draft graph drafts (None: the drafter has no draft graph)
+    lookup: list[float] | None = None  # survival of rounds prompt lookup drafts (None: no prompt lookup)
     hit_rate: float = 0.0  # h: the fraction of rounds prompt lookup drafts
+    alpha_model: float | None = None
+    alpha_lookup: float | None = None
 
     @classmethod
     def of(cls, run, has_model: bool, has_lookup: bool) -> "Acceptance":
-        """From a run's statistics (`RowStats`); an arm that never drafted gets alpha 0 (its weight is 0)."""
-        def alpha(accepted: int, rejected: int) -> float:
-            return accepted / (accepted + rejected) if accepted + rejected else 0.0
+        """From a run's statistics (`RowStats`); an arm that never drafted gets an empty curve (its weight is 0)."""
+        def arm(accepted_at: list[int], rounds: int, accepted: int, rejected: int) -> tuple[list[float], float]:
+            survival = [a / rounds for a in accepted_at] if rounds else []
+            return survival, accepted / (accepted + rejected) if accepted + rejected else 0.0
 
         if not has_lookup:
-            return cls(alpha(run.accepted, run.rejected))
+            survival, alpha = arm(run.accepted_at, run.rounds, run.accepted, run.rejected)
+            return cls(survival, alpha_model=alpha)
         if not has_model:  # prompt lookup alone: rounds where it found nothing drafted nothing
-            drafted_rounds = run.drafted_at[0] if run.drafted_at else 0
-            return cls(None, alpha(run.accepted, run.rejected), drafted_rounds / run.rounds if run.rounds else 0.0)
-        return cls(alpha(run.accepted - run.lookup_accepted, run.rejected - run.lookup_rejected),
-                   alpha(run.lookup_accepted, run.lookup_rejected), run.lookup_rounds / run.rounds if run.rounds else 0.0)
+            found = run.drafted_at[0] if run.drafted_at else 0
+            survival, alpha = arm(run.accepted_at, found, run.accepted, run.rejected)
+            return cls(None, survival, found / run.rounds if run.rounds else 0.0, alpha_lookup=alpha)
+        lookup_at = run.lookup_accepted_at + [0] * (len(run.accepted_at) - len(run.lookup_accepted_at))
+        model, alpha_m = arm([a - b for a, b in zip(run.accepted_at, lookup_at)], run.rounds - run.lookup_rounds,
+                             run.accepted - run.lookup_accepted, run.rejected - run.lookup_rejected)
+        lookup, alpha_l = arm(lookup_at, run.lookup_rounds, run.lookup_accepted, run.lookup_rejected)
+        return cls(model, lookup, run.lookup_rounds / run.rounds if run.rounds else 0.0, alpha_m, alpha_l)
+
+
+def chain_tokens(survival: list[float], k: int) -> float:
+    """Mean tokens of a round of k drafts: 1 + s_1 + ... + s_k (positions the run never reached count 0)."""
+    return 1.0 + sum(survival[:k])
 
 
 def round_tokens(acc: Acceptance, k: int) -> float:
     """Mean tokens per target pass: lookup's rounds, then the model's (or plain decode steps: 1 token)."""
     h = acc.hit_rate if acc.lookup is not None else 0.0
-    rest = expected_tokens(acc.model, k) if acc.model is not None else 1.0
-    return (h * expected_tokens(acc.lookup, k) if h else 0.0) + (1 - h) * rest
+    rest = chain_tokens(acc.model, k) if acc.model is not None else 1.0
+    return (h * chain_tokens(acc.lookup, k) if h else 0.0) + (1 - h) * rest
 
 
 def round_cost(k: int, costs: Costs, acc: Acceptance) -> float:
@@ -250,8 +272,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": k_max, "recipe_k": model.k,
         "costs": {"target_step": costs.target_step, "verify": costs.verify, "draft_step": costs.draft_step,
                   "lookup": costs.lookup},
-        "alpha": acc.model if acc.model is not None else acc.lookup, "alpha_model": acc.model,
-        "alpha_lookup": acc.lookup, "alpha_measured_at_k": k_max,
+        "alpha": acc.alpha_model if acc.model is not None else acc.alpha_lookup, "alpha_model": acc.alpha_model,
+        "alpha_lookup": acc.alpha_lookup, "alpha_measured_at_k": k_max,
+        "survival_model": acc.model, "survival_lookup": acc.lookup,
         "lookup_hit_rate": acc.hit_rate if acc.lookup is not None else None,
         "target_only_tokens_per_second": base["tokens_per_second"], "target_only_decode_tokens_per_second": decode_rate(base),
         "predicted_speedup": predictions,
@@ -283,11 +306,12 @@ def format_tune(result: dict) -> str:
         drafts = "drafts" if c["draft_step"] is not None else "finds a continuation in"
         lines.append(f"prompt lookup {c['lookup'] * 1e3:.3f} ms a round, {drafts} {h:.0%} of rounds")
     at = f"run at k={result['alpha_measured_at_k']}, full chains"
-    if result["alpha_model"] is not None and result["alpha_lookup"] is not None:
-        lines.append(f"alpha (per-token acceptance, {at}) model rounds {result['alpha_model']:.3f}, "
-                     f"lookup rounds {result['alpha_lookup']:.3f}")
-    else:
-        lines.append(f"alpha (per-token acceptance, {at}) {result['alpha']:.3f}")
+    arms = [(name, result[f"survival_{key}"], result[f"alpha_{key}"]) for name, key in
+            (("model rounds", "model"), ("lookup rounds", "lookup")) if result[f"survival_{key}"] is not None]
+    for name, survival, alpha in arms:
+        label = f"{name} " if len(arms) > 1 else ""
+        lines.append(f"{label}accepted through position 1..{len(survival)} ({at}): "
+                     f"{' '.join(f'{x:.2f}' for x in survival)}; per-token alpha {alpha:.3f}")
     rows = []
     for k, pred in result["predicted_speedup"].items():
         m = result["measured"].get(k, {})
@@ -301,7 +325,7 @@ def format_tune(result: dict) -> str:
                      m.get("speedup")])
     lines.append(table(["k", "c_v(k)/c_t", "draft/c_t", "tokens/round pred.", "meas.", "cost/round pred. (c_t)", "meas.",
                         "host ms/round", "speed-up pred.", "meas."], rows))
-    lines.append("pred.: from the timed engine calls and alpha; meas.: median of the alternated runs (cost: draft + "
+    lines.append("pred.: from the timed engine calls and how far chains got; meas.: median of the alternated runs (cost: draft + "
                  "target seconds per round, incl. acceptance; host: the rest; speed-up: decode tokens/s after prefill)")
     if m := result["measured_as_compiled"]:
         lines.append(f"as compiled (k={m['k']}, chains stop after a draft below p={m['stop_below']:g}): "

@@ -449,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="measure draft, verify and decode costs and acceptance; pick speculation.k",
                        description="Predicts the speed-up of each chain length k from measured costs and acceptance, "
-                                   "S(k) = (1 - a^(k+1)) / ((1 - a)(k c_d/c_t + c_v(k)/c_t)) (prompt lookup, alone or in front "
+                                   "S(k) = E(k) / (k c_d/c_t + c_v(k)/c_t), E(k) = 1 + s_1 + ... + s_k with s_i the measured "
+                                   "fraction of rounds whose first i drafts are accepted (prompt lookup, alone or in front "
                                    "of a model, priced by its hit rate), picks the best k and "
                                    "measures speculative vs target-only at a few k beside the prediction. "
                                    "docs/benchmarks.md explains the method.")

@@ -20,6 +20,7 @@ class RowStats:
     lookup_rejected: int = 0
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
+    lookup_accepted_at: list[int] = field(default_factory=list)  # ... of the rounds prompt lookup drafted
 
     def record(self, n_draft: int, n_acc: int, source: str = "") -> None:
         """One round of this row: n_draft tokens proposed (by `source`, see Proposal), n_acc accepted."""
@@ -32,12 +33,11 @@ class RowStats:
         self.drafted += n_draft
         self.accepted += n_acc
         self.rejected += n_acc < n_draft
-        width = max(n_draft, len(self.drafted_at))
-        self.drafted_at += [0] * (width - len(self.drafted_at))
-        self.accepted_at += [0] * (width - len(self.accepted_at))
-        for i in range(n_draft):
-            self.drafted_at[i] += 1
-            self.accepted_at[i] += i < n_acc
+        accepted = [int(i < n_acc) for i in range(n_draft)]
+        _add_at(self.drafted_at, [1] * n_draft)
+        _add_at(self.accepted_at, accepted)
+        if source == LOOKUP:
+            _add_at(self.lookup_accepted_at, accepted)
 
     def merge(self, other: "RowStats") -> None:
         self.rounds += other.rounds
@@ -48,12 +48,9 @@ class RowStats:
         self.lookup_drafted += other.lookup_drafted
         self.lookup_accepted += other.lookup_accepted
         self.lookup_rejected += other.lookup_rejected
-        for _ in range(len(other.drafted_at) - len(self.drafted_at)):
-            self.drafted_at.append(0)
-            self.accepted_at.append(0)
-        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
-            self.drafted_at[i] += d
-            self.accepted_at[i] += a
+        _add_at(self.drafted_at, other.drafted_at)
+        _add_at(self.accepted_at, other.accepted_at)
+        _add_at(self.lookup_accepted_at, other.lookup_accepted_at)
 
     def to_dict(self) -> dict:
         return {
@@ -72,6 +69,13 @@ class RowStats:
             "tokens_per_target_pass": (self.accepted + self.rounds) / self.rounds if self.rounds else None,
             "acceptance_by_position": [a / d if d else None for a, d in zip(self.accepted_at, self.drafted_at)],
         }
+
+
+def _add_at(counts: list[int], more: list[int]) -> None:
+    """Add per-position counts `more` into `counts` (in place), growing it as needed."""
+    counts += [0] * (len(more) - len(counts))
+    for i, n in enumerate(more):
+        counts[i] += n
 
 
 @dataclass

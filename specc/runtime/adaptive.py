@@ -7,8 +7,9 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
 - tokens_b(k) = h_b (1 + sum_{i<=k} alpha_b c_2 ... c_i) + (1 - h_b): c_i is the acceptance of
   draft i given that drafts 1..i-1 were accepted, measured per position over the recent rounds
   of all rows (a drafter's acceptance is not the same at every position: prompt lookup copies
-  whole runs, so its later drafts are accepted more often than its first; with every c_i equal
-  this is `specc tune`'s E(alpha, k)); alpha_b is the row's own acceptance of its first draft over
+  whole runs, so its later drafts are accepted more often than its first; alpha_b c_2 ... c_i is
+  the fraction of rounds whose first i drafts are accepted, `specc tune`'s s_i; with every c_i equal
+  it is the geometric alpha^i); alpha_b is the row's own acceptance of its first draft over
   its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
   fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
   drafter says beforehand which rows it will find drafts for, `Drafter.finds`, h_b is 0 or 1). Each c_i

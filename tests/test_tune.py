@@ -10,7 +10,6 @@ from specc.cli import main
 from specc.errors import SpeccError
 from specc.bench.tune import (Acceptance, Costs, _edit_field, chain_tokens, predicted_speedup, round_cost, round_tokens,
                               set_recipe_fields)
-from specc.speculation.speedup import expected_tokens
 
 PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, hello world\n"
 
@@ -18,6 +17,11 @@ PROMPTS = "def add(a, b):\\n    return a + b\nabc abc abc abc abc\nhello world, 
 def geometric(alpha: float, k: int) -> list[float]:
     """The survival curve of a per-token acceptance alpha the same at every position."""
     return [alpha ** i for i in range(1, k + 1)]
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Leviathan et al.'s mean tokens of a round of k drafts at per-token acceptance alpha."""
+    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def test_speedup_model():

@@ -40,7 +40,8 @@ from typing import Any
 
 from .digest import sha256_of
 from .errors import BundleError, RecipeError, SpeccError
-from .recipe import DRAFT_GRAPH_METHODS, Recipe, parse_recipe
+from .methods import METHODS
+from .recipe import Recipe, parse_recipe
 from .version import __version__
 
 FORMAT = "specc-bundle"
@@ -341,7 +342,7 @@ class Manifest:
             raise gr.fail("target", "missing; every bundle has a target graph")
         if draft.graph is not None and draft.graph not in graphs:
             raise dr.fail("graph", f"{draft.graph!r} is not one of the graphs ({', '.join(graphs)})")
-        if (draft.graph is not None) != (draft.method in DRAFT_GRAPH_METHODS):
+        if draft.method in METHODS and (draft.graph is not None) != (METHODS[draft.method].graph is not None):
             raise dr.fail("graph", f"{draft.graph!r} does not fit draft method {draft.method!r}")
         vocab = graphs["target"].model["vocab_size"]
         for role, g in graphs.items():

@@ -25,7 +25,8 @@ from .limits import auto_k_max
 from .models.load import check_same_tokenizer, gguf_source, load_model, resolve_source
 from .passes import build_pipeline
 from .progress import Stages
-from .recipe import DRAFT_GRAPH_METHODS, Recipe
+from .methods import get_method
+from .recipe import Recipe
 
 # max |engine - eager| / max(1, max |eager|) over every output, by engine precision (eager runs the traced dtype)
 NUMERICS_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
@@ -91,9 +92,9 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     hf_bars = hf_logging.is_progress_bar_enabled()
     if not progress:  # transformers draws its own bars while loading weights; restored below
         hf_logging.disable_progress_bar()
-    method = recipe.draft.method
-    draft_graph = method in DRAFT_GRAPH_METHODS
-    n_stages = 6 + (method == "model") + (2 if draft_graph else 0)
+    method = get_method(recipe.draft.method)
+    draft_graph = method.graph is not None
+    n_stages = 6 + (method.graph == "model") + (2 if draft_graph else 0)
     stages = Stages(n_stages, f"compile → {recipe.backend}", enabled=progress)
     ranges = dim_ranges(recipe.limits.max_batch, recipe.limits.max_context)
     base_options = LowerOptions(precision=recipe.precision, device=recipe.device, tensorrt=recipe.tensorrt)
@@ -101,7 +102,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         with stages.stage("load target"):
             target = load_model(recipe.target.model, recipe.target.dtype, recipe.device)
         draft = None
-        if method == "model":
+        if method.graph == "model":
             with stages.stage("load draft"):
                 draft = load_model(recipe.draft.model, recipe.target.dtype, recipe.device)
                 check_same_tokenizer(target.tokenizer, draft.tokenizer, recipe.target.model, recipe.draft.model)
@@ -112,7 +113,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         head = None
         if draft_graph:
             with stages.stage("export draft"):
-                if method in ("medusa", "eagle"):
+                if method.graph == "head":
                     head = _load_head(recipe, target)[0]
                 plan["draft"] = _plan_draft(recipe, plan["target"].graph, target, draft, base_options, ranges, head)
 
@@ -151,8 +152,8 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 "recipe": recipe.to_dict(),
                 "versions": _versions(entries),
                 "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
-                "draft": {"method": method, "graph": "draft" if draft_graph else None,
-                          "shares_target_cache": method == "early_exit", "layer": recipe.draft.layer,
+                "draft": {"method": method.name, "graph": "draft" if draft_graph else None,
+                          "shares_target_cache": method.shares_target_cache, "layer": recipe.draft.layer,
                           "adapter": _adapter_info(recipe), "head": _head_info(recipe)},
                 "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
                 "graphs": entries,
@@ -208,19 +209,19 @@ def check_model_fits(recipe: Recipe) -> None:
 
 def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges,
                 head: torch.nn.Module | None) -> PlannedGraph:
-    method = recipe.draft.method
+    kind = get_method(recipe.draft.method).graph
     quant = dataclasses.replace(base, quantize=recipe.draft.quantize)
-    if method == "quantized":
+    if kind == "target":
         if recipe.speculation.verify_head:  # the target graph gets the head; the draft needs its logits
             return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
         return PlannedGraph(target_graph, quant, "target")
-    if method == "model":
+    if kind == "model":
         return PlannedGraph(capture("draft", draft.model, ranges), quant, "draft")
-    if method == "early_exit":  # the target traced again; passes cut it after draft.layer
+    if kind == "exit":  # the target traced again; passes cut it after draft.layer
         return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
-    if method in ("medusa", "eagle"):  # a learned head over the target's features (passes/add_feature_outputs.py)
+    if kind == "head":  # a learned head over the target's features (passes/add_feature_outputs.py)
         return PlannedGraph(capture_head("draft", head, ranges), quant, "draft")
-    raise SpeccError(f"draft.method {method!r} is not implemented yet; available: model, quantized, early_exit, none")
+    raise SpeccError(f"draft.method {recipe.draft.method!r} has draft graph kind {kind!r}, which the compiler cannot build")
 
 
 def _load_head(recipe: Recipe, target) -> tuple[torch.nn.Module, dict]:
@@ -232,7 +233,7 @@ def _load_head(recipe: Recipe, target) -> tuple[torch.nn.Module, dict]:
 
 def _head_info(recipe: Recipe) -> dict | None:
     """What the manifest records about a Medusa/EAGLE head (its weights are inside the draft graph)."""
-    if recipe.draft.method not in ("medusa", "eagle"):
+    if get_method(recipe.draft.method).graph != "head":
         return None
     head = Path(recipe.draft.head)
     config = json.loads((head / "config.json").read_text())

@@ -17,13 +17,10 @@ import yaml
 
 from .errors import RecipeError
 from .limits import AUTO_K_MAX, MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
+from .methods import METHOD_FIELDS, METHODS, get_method, methods_with
 from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
-DRAFT_METHODS = ("model", "quantized", "early_exit", "prompt_lookup", "medusa", "eagle", "none")
-LOOKUP_FIRST_METHODS = ("model", "quantized", "early_exit", "eagle")  # draft.lookup: prompt lookup in front of these
-STOP_BELOW_METHODS = ("model", "quantized", "early_exit", "eagle")  # draft.stop_below: drafters of one token at a time
-DRAFT_GRAPH_METHODS = ("model", "quantized", "early_exit", "medusa", "eagle")  # methods whose bundle has a draft graph
 PRECISIONS = ("fp32", "fp16", "bf16")
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # GGUF blocks that map exactly onto MatMulNBits
 
@@ -67,7 +64,7 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class DraftSpec:
-    method: str = _f("model", "how draft tokens are proposed", choices=DRAFT_METHODS)
+    method: str = _f("model", "how draft tokens are proposed (specc/methods.py: what each can do)", choices=METHODS)
     model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
     quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend; a draft model or a "
                                     "learned head)", choices=("int8", "int4"))
@@ -204,23 +201,9 @@ def _check_consistency(r: Recipe) -> None:
     if not r.target.model:
         raise RecipeError("target.model", "required: a catalog name, Hugging Face model directory or .gguf file")
     d = r.draft
-    if d.method == "model" and not d.model:
-        raise RecipeError("draft.model", "required when draft.method is 'model'")
-    if d.method == "early_exit" and d.layer is None:
-        raise RecipeError("draft.layer", "required when draft.method is 'early_exit'")
-    if d.method != "model" and d.model:
-        raise RecipeError("draft.model", f"only used with draft.method 'model', not {d.method!r}")
-    if d.quantize and d.method not in ("model", "quantized", "medusa", "eagle"):
-        raise RecipeError("draft.quantize", "only applies to draft.method 'model', 'quantized', 'medusa' or 'eagle'")
-    if d.method == "quantized" and not d.quantize:
-        raise RecipeError("draft.quantize", "required when draft.method is 'quantized' (allowed: int8, int4)")
+    _check_draft_fields(d)
     if d.quantize and r.backend != "onnxruntime":
         raise RecipeError("draft.quantize", f"quantised draft graphs need backend 'onnxruntime', not {r.backend!r}")
-    if d.method in ("medusa", "eagle") and not d.head:
-        raise RecipeError("draft.head", f"required when draft.method is {d.method!r}: a directory from `specc train-head "
-                          f"--kind {d.method}` or a published {d.method} head")
-    if d.head and d.method not in ("medusa", "eagle"):
-        raise RecipeError("draft.head", f"only used with draft.method 'medusa' or 'eagle', not {d.method!r}")
     if r.target.quantize and r.backend not in ("onnxruntime", "tensorrt"):
         raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS[r.backend])
     if r.target.quantize == "fp8" and r.backend != "tensorrt":
@@ -246,14 +229,15 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(GGUF_BLOCK_TYPES)}")
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
-    if d.lookup and d.method not in LOOKUP_FIRST_METHODS:
+    method = get_method(d.method)
+    if d.lookup and not method.lookup_in_front:
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
-                          f"{', '.join(LOOKUP_FIRST_METHODS)}), not {d.method!r}")
+                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
-    if d.stop_below and d.method not in STOP_BELOW_METHODS:
+    if d.stop_below and not method.stops:
         raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
-                          f"{', '.join(STOP_BELOW_METHODS)}), not {d.method!r}")
+                          f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
     if d.stop_below and r.speculation.mode != "chain":
         raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
     if r.sampling.top_p <= 0:
@@ -272,14 +256,33 @@ def _check_consistency(r: Recipe) -> None:
     if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
         raise RecipeError("speculation.verify_head", "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":
-        if d.method not in ("model", "quantized", "early_exit", "medusa", "eagle"):
-            raise RecipeError("speculation.mode", f"tree speculation needs a draft model or head (draft.method model, quantized, "
-                              f"early_exit, medusa or eagle), not {d.method!r}")
+        if not method.trees:
+            raise RecipeError("speculation.mode", f"tree speculation needs a drafter of token trees (draft.method "
+                              f"{', '.join(methods_with(trees=True))}), not {d.method!r}")
         try:
             TreeShape.from_recipe(dataclasses.asdict(r.speculation.tree))
         except ValueError as exc:
             field = "verify_nodes" if "verify_nodes" in str(exc) else "paths"
             raise RecipeError(f"speculation.tree.{field}", str(exc)) from None
+
+
+def _check_draft_fields(d: DraftSpec) -> None:
+    """Each method's own draft fields (specc/methods.py): the ones it requires are set, no other method's is."""
+    method = get_method(d.method)
+    for name in METHOD_FIELDS:
+        value = getattr(d, name)
+        if name in method.requires and value is None:
+            raise RecipeError(f"draft.{name}", f"required when draft.method is {d.method!r}" + _FIELD_HINTS.get(name, ""))
+        if value is not None and name not in method.fields:
+            users = [repr(m) for m in methods_with() if name in METHODS[m].fields]
+            users = f"{', '.join(users[:-1])} or {users[-1]}" if len(users) > 1 else users[0]
+            raise RecipeError(f"draft.{name}", f"only used with draft.method {users}, not {d.method!r}")
+
+
+_FIELD_HINTS = {
+    "quantize": " (allowed: int8, int4)",
+    "head": ": a directory from `specc train-head` or a published Medusa / EAGLE head",
+}
 
 
 _TARGET_QUANT_BACKENDS = {

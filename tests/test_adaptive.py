@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import specc
+from specc.runtime.drafters import DraftPlan
 from specc.errors import RequestError
 from specc.speculation import sampling
 from specc.runtime.adaptive import AdaptiveK, RoundRecord
@@ -213,7 +214,7 @@ def test_the_model_arm_drafts_with_the_model_where_lookup_finds(bundles, prompts
     asked: list[tuple[str, bool]] = []
     model = specc.load(bundles["lookup_first"])
     scheduler = Scheduler(model, k="auto", max_batch=1)
-    scheduler.policy = Alternate(4, arms=("model", "lookup"))
+    scheduler.planner.policy = Alternate(4, arms=("model", "lookup"))
     for i, ids in enumerate(model.encode(prompts[:4])):
         scheduler.submit(model.new_request(i, ids, 24, model.sampling_params(), i, k=scheduler.lookahead))
     while scheduler.busy:
@@ -265,8 +266,8 @@ def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
     batch = scheduler.batch
     lag = scheduler.drafter.behind(batch)
     assert lag == [len(s.tokens) - 1 for s in batch.seqs] and min(lag) > 0
-    proposal = scheduler.drafter.propose(batch, 2, batch.params)
-    assert proposal.catch_up_tokens == sum(lag) and proposal.catch_up_seconds > 0
+    proposal = scheduler.drafter.propose(batch, batch.params, DraftPlan(2))
+    assert proposal.info.catch_up_tokens == sum(lag) and proposal.info.catch_up_seconds > 0
     assert scheduler.drafter.behind(batch) == [0] * 4
 
 
@@ -369,8 +370,8 @@ def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
     second.out.append(max(second.tokens) + 1)  # a token never seen before: nothing to continue
     n = drafter.max_ngram  # the recipe's longest n-gram
     assert n >= 2 and drafter.finds(batch) == [n, 0]
-    proposal = drafter.propose(batch, 4, batch.params)
-    assert proposal.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
+    proposal = drafter.propose(batch, batch.params, DraftPlan(4))
+    assert proposal.info.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
 
 
 @pytest.mark.parametrize("min_ngram", [1, 2, 3])
@@ -417,7 +418,7 @@ class FlippingK(AdaptiveK):
 @pytest.fixture(params=["adaptive", "flipping"])
 def policy_kind(request, monkeypatch):
     if request.param == "flipping":
-        monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+        monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     return request.param
 
 
@@ -433,7 +434,7 @@ def test_auto_k_greedy_equals_target_only(bundles, prompts, kind, policy_kind):
 
 
 def test_flipping_policy_really_flips(bundles, prompts, monkeypatch):
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     model = specc.load(bundles["draft"])
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:4])):
@@ -449,17 +450,17 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     admission); an idle probe leaves rows it has not taken in without drafts. With the target as its
     own draft every draft made must still be accepted (a catch-up at wrong positions would not be),
     and the output is the target's."""
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     model = specc.load(bundles["self"])
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:10])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
     done = {e.index: list(e.token_ids) for e in scheduler._admit()}
-    assert scheduler.batch.draft_cache.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
+    assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
     assert max(len(s.prompt) for s in scheduler.batch.seqs) > 16  # longer than a catch-up
-    probe = scheduler.drafter.propose(scheduler.batch, 3, scheduler.batch.params, warm=False)
-    assert probe.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
-    assert scheduler.batch.draft_cache.lengths.tolist() == [0, 0, 0, 0]
+    probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, warm=False))
+    assert probe.info.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
+    assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]
     skipped = 0
     while scheduler.busy:
         for event in scheduler.step():
@@ -481,7 +482,7 @@ def test_a_probe_takes_in_a_lone_row(bundles, prompts):
 
     model = specc.load(bundles["self"])
     scheduler = Scheduler(model, k="auto", max_batch=1)
-    scheduler.policy = AlwaysProbe(4)
+    scheduler.planner.policy = AlwaysProbe(4)
     for i, ids in enumerate(model.encode(prompts[:3])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
     done: dict[int, list[int]] = {}
@@ -544,7 +545,7 @@ def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
 
 
 def test_broken_rule_is_caught_under_flipping_k(small_vocab, monkeypatch):
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
     target, bundle = small_vocab
     params = SamplingParams(1.0)
@@ -633,9 +634,9 @@ def _spy_on_stops(monkeypatch) -> list[tuple[int, list[int], float]]:
 
     seen, propose = [], ModelDrafter.propose
 
-    def spy(self, batch, k, params, warm=True, stop_below=0.0, stop_chain=False):
-        proposal = propose(self, batch, k, params, warm, stop_below, stop_chain)
-        seen.append((k, proposal.lengths.tolist(), proposal.stop_below))
+    def spy(self, batch, params, plan):
+        proposal = propose(self, batch, params, plan)
+        seen.append((plan.k, proposal.lengths.tolist(), proposal.info.stop_below))
         return proposal
 
     monkeypatch.setattr(ModelDrafter, "propose", spy)
@@ -646,7 +647,7 @@ def test_auto_k_with_early_stops_equals_target_only(bundles, prompts, monkeypatc
     """k auto with draft.stop_below: k is the longest chain a round asks for, and a row's chain ends once the
     product of the probabilities the draft model gave its drafts falls below the policy's threshold. Under a
     policy that changes k and the threshold every round, greedy output stays the target's."""
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     model = specc.load(bundles["draft"])
     seen = _spy_on_stops(monkeypatch)
     chunk = prompts[:12]

@@ -77,7 +77,7 @@ def test_reranked_trees_greedy_equal_target_only(head_bundles, monkeypatch, name
 def test_eagle_behind_lookup_greedy_under_flipping_k(head_bundles, monkeypatch):
     """k auto, with a policy that changes k (0 included) and the arm (lookup alone, the head alone)
     every round: the head's features stay in step whatever drafted the rounds before."""
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     _, bundles = head_bundles
     stats = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k="auto")
     assert 0 < stats["lookup_rounds"] < stats["rounds"]
@@ -89,7 +89,7 @@ def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch)
     import specc
     from specc.runtime.scheduler import Scheduler
 
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", FlippingK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     _, bundles = head_bundles
     model = specc.load(bundles["eagle_lookup"])
     scheduler = Scheduler(model, k="auto", max_batch=4)
@@ -100,7 +100,7 @@ def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch)
         scheduler.step()
         plain += scheduler.last_round is not None and scheduler.last_round.k == 0
         if scheduler.batch is not None:
-            head = scheduler.batch.draft_cache
+            head = scheduler.batch.draft_state
             entered = head.lengths + torch.tensor([len(t) for t in head.todo])
             assert entered.tolist() == scheduler.batch.cache.lengths.tolist()
     assert plain > 0

@@ -121,7 +121,7 @@ def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab
             self.arm, self.measuring = ("model", "lookup")[self.round_no % 2], False
             return 1 + self.round_no % 3
 
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", Arms)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", Arms)
     target, bundles = small_vocab
     params, prompt = PARAMS[1], LOOKUP_PROMPT
     exact = exact_marginals(target, params, prompt)
@@ -146,7 +146,7 @@ def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monk
             chosen.append(max(finds["draft"]))
             return chosen[-1]
 
-    monkeypatch.setattr("specc.runtime.scheduler.AdaptiveK", MatchLengthK)
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", MatchLengthK)
     target, _ = small_vocab
     bundle = build_bundle(tmp_path / "lookup2", target, {"method": "prompt_lookup", "max_ngram": 2},
                           limits={"max_batch": 512, "max_context": 64}, backend="torch", speculation={"k": 2})

@@ -166,12 +166,12 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
             continue
         name = model.bundle.path.name
         variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
-        if model.target.step.has_tree_mask and model.drafter.supports_tree:
+        if model.target.step.has_tree_mask and model.drafter.method.trees:
             variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
         if not variants:
             label = model.tree.label if model.tree else f"chain k={model.k}"
             variants = [(label, {}, {"tree": model.tree.label} if model.tree else {"k": model.k})]
-        if stop_below and model.drafter.stops:
+        if stop_below and model.drafter.method.stops:
             variants = [v for label, kw, shape in variants for v in _with_stops(label, kw, shape, model, stop_below)]
         for label, kw, shape in variants:
             settings = {"bundle": str(model.bundle.path), "backend": model.bundle.manifest.backend,

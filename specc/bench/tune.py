@@ -134,8 +134,8 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     """Time c_t, c_v(1..k_max) and the drafting cost on each prompt's KV cache (batch 1, greedy).
 
     Each prompt is prefilled by the scheduler as a generation would be (target and drafter); the
-    target passes are `Target.decide` calls, the drafting costs the `probe` of each way the drafter
-    drafts (`Drafter.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
+    target passes are the verifier's, the drafting costs the `probe` of each way the drafter
+    drafts (`Priced.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
     """
     from ..runtime.drafters import Proposal
     from ..runtime.scheduler import Scheduler
@@ -164,12 +164,11 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
 
         def verify(k: int):
             drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device), drafter.kind)
-            rows = torch.arange(k + 1, device=device)[None]
-            return model.target.decide(cache, feed[:, :k + 1], rows, params, zero, drafts, torch.zeros(1, k, device=device))
+            return model.verifier.chain(batch, drafts, params, torch.zeros(1, k, device=device), zero)
 
         probes = [arm.probe(batch, k_max) for arm in arms]
         for r in range(repeats + 1):  # round 0 warms this cache's shapes up and is not kept
-            _timed(lambda: model.target.decide(cache, feed[:, :1], first, params, zero), target_s, r > 0)
+            _timed(lambda: model.verifier.next_token(cache, feed[:, :1], first, params, zero), target_s, r > 0)
             for k in verify_s:
                 _timed(lambda: verify(k), verify_s[k], r > 0)
             for probe, samples in zip(probes, arm_s):
@@ -205,7 +204,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         raise SpeccError("--repeats and --timing-prompts must be >= 1")
     if bad := [p for p in stop_below if not is_probability(p)]:
         raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
-    if stop_below and not model.drafter.stops:
+    if stop_below and not model.drafter.method.stops:
         raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
                          f"EAGLE head); this bundle drafts with {model.draft_method}")
     if max_new_tokens < 2:
@@ -237,7 +236,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
                     | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
         systems = [SpeccSystem("target-only", model, {"speculative": False})]
         systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
-        as_compiled = model.stop_below > 0 and model.drafter.stops and model.k != "auto" and model.tree is None
+        as_compiled = model.stop_below > 0 and model.drafter.method.stops and model.k != "auto" and model.tree is None
         if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
             systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
         stops = sorted(set(float(p) for p in stop_below))

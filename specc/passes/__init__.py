@@ -1,6 +1,7 @@
 """Graph passes over step graphs, one per module, run in an explicit order built from the recipe."""
 from __future__ import annotations
 
+from ..methods import get_method
 from ..recipe import Recipe
 from .add_early_exit import AddEarlyExit
 from .add_feature_outputs import AddFeatureOutputs
@@ -14,18 +15,19 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int, head=None) -> li
     """The ordered passes for one graph ("target" or "draft") of this recipe; `head`: the loaded Medusa or
     EAGLE head, whose `feature_layers` and `fc` (EAGLE-3) say which features the target returns."""
     passes: list[GraphPass] = []
-    if role == "draft" and recipe.draft.method == "early_exit":
+    method = get_method(recipe.draft.method)
+    if role == "draft" and method.graph == "exit":
         adapter = None
         if recipe.draft.adapter:
             from ..heads.exit import load_adapter
 
             adapter = load_adapter(recipe.draft.adapter, recipe.draft.layer, hidden_size)
         passes += [AddEarlyExit(recipe.draft.layer, adapter), TruncateToExit()]
-    if role == "target" and recipe.draft.method in ("medusa", "eagle"):
+    if role == "target" and method.reads_features:
         layers = getattr(head, "feature_layers", None)
         passes.append(AddFeatureOutputs(layers, head.fc.weight if layers else None))
-    if recipe.speculation.mode == "tree" and not (role == "draft" and recipe.draft.method == "medusa"):
-        passes.append(ReplaceCausalMask())  # Medusa heads read one feature per row: no attention to mask
+    if recipe.speculation.mode == "tree" and (role == "target" or method.draft_attends):
+        passes.append(ReplaceCausalMask())
     if role == "target" and recipe.speculation.verify_head:
         passes.append(InsertVerifyHead())
     return passes

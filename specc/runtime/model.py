@@ -23,6 +23,7 @@ from .state import Request
 from .stats import RunStats
 from .step import StepRunner
 from .target import Target
+from .verifier import Verifier
 from .text import TextStream
 
 
@@ -60,9 +61,10 @@ class SpecModel:
         self.min_pass_rows = min_pass_rows_here(wq) if m.backend == "onnxruntime" else 1
         self.target = Target(self._load_graph("target", self.min_pass_rows or 1), self.bundle.graph("target").outputs)
         self.draft_method = m.draft.method
+        self.verifier = Verifier(self.target)
         self.drafter = build_drafter(self.draft_method, DraftContext(
-            dataclasses.asdict(recipe.draft), m.draft.graph, m.draft.shares_target_cache, self._load_graph,
-            self.max_context, self.target.dims.vocab_size))
+            dataclasses.asdict(recipe.draft), m.draft.graph, self._load_graph, self.max_context,
+            self.target.dims.vocab_size))
         self.tokenizer = load_tokenizer(bundle)
         if self.min_pass_rows is None and self.drafter is not None:
             logging.getLogger("specc").warning(
@@ -92,7 +94,7 @@ class SpecModel:
     @property
     def lookup_first(self) -> bool:
         """Prompt lookup drafts first, the draft model where it finds nothing (recipe draft.lookup)."""
-        return self.drafter is not None and self.drafter.lookup_first
+        return self.drafter is not None and self.bundle.manifest.recipe.draft.lookup
 
     @property
     def draft_label(self) -> str:

@@ -7,6 +7,7 @@ its requests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -36,15 +37,24 @@ class Request:
         return self.prompt + self.out
 
 
+class DraftState(Protocol):
+    """What a drafter keeps per row between rounds (a draft model's KV cache, a head's features),
+    kept row for row with the batch as rows join and leave."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None: ...
+
+    def extend(self, other: "DraftState") -> None: ...
+
+
 @dataclass
 class Batch:
     """Rows generated together. Row b's committed length is cache.lengths[b]; its pending
-    token (generated, not yet in the cache) is its last token. draft_cache is the drafter's
-    own KV cache when it keeps one (a draft model), kept row for row with the batch."""
+    token (generated, not yet in the cache) is its last token. draft_state is what the drafter
+    keeps for these rows, if anything."""
 
     seqs: list[Request]
     cache: KVCache
-    draft_cache: KVCache | None = None
+    draft_state: DraftState | None = None
 
     @property
     def params(self) -> RowParams:
@@ -63,12 +73,12 @@ class Batch:
         rows = torch.tensor(keep, dtype=torch.long, device=self.cache.lengths.device)
         self.seqs = [self.seqs[b] for b in keep]
         self.cache.keep_rows(rows)
-        if self.draft_cache is not None:
-            self.draft_cache.keep_rows(rows)
+        if self.draft_state is not None:
+            self.draft_state.keep_rows(rows)
 
     def extend(self, other: "Batch") -> None:
         """Append another batch's rows (continuous batching)."""
         self.seqs += other.seqs
         self.cache.extend(other.cache)
-        if self.draft_cache is not None:
-            self.draft_cache.extend(other.draft_cache)
+        if self.draft_state is not None:
+            self.draft_state.extend(other.draft_state)

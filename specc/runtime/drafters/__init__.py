@@ -1,35 +1,36 @@
-"""Drafters by the bundle's draft method. Adding a kind: a module with a `Drafter` subclass and
-one line in REGISTRY."""
+"""Drafters by the bundle's draft method. Each method's row in specc/methods.py names its drafter class;
+adding a drafter is its module and that one row."""
 from __future__ import annotations
 
-from ...errors import BundleError
-from .base import DraftContext, Drafter, GraphDrafter, Proposal
-from .heads import EagleDrafter, MedusaDrafter
-from .lookup import LookupFirstDrafter, PromptLookupDrafter
-from .model import ModelDrafter, SharedCacheDrafter
+import importlib
 
-REGISTRY: dict[str, type[Drafter]] = {
-    "model": ModelDrafter,
-    "quantized": ModelDrafter,
-    "early_exit": SharedCacheDrafter,
-    "prompt_lookup": PromptLookupDrafter,
-    "medusa": MedusaDrafter,
-    "eagle": EagleDrafter,
-}
+from ...errors import BundleError
+from ...methods import METHODS, DraftMethod
+from .base import DraftContext, DraftInfo, DraftPlan, Drafter, GraphDrafter, Priced, Proposal, with_method
+from .lookup import LookupFirstDrafter, PromptLookupDrafter
+
+
+def drafter_class(method: DraftMethod) -> type[Drafter]:
+    """The class a method's row names ("module:Class", imported here, or the class itself)."""
+    if not isinstance(method.drafter, str):
+        return method.drafter
+    module, _, name = method.drafter.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
-    """The drafter a bundle's draft method names (None for 'none'), with prompt lookup in front
+    """The drafter a bundle's draft method names (None for no drafting), with prompt lookup in front
     when the recipe asks for it (draft.lookup)."""
-    if method == "none":
+    row = METHODS.get(method)
+    if row is None:
+        raise BundleError(f"draft method {method!r} is not known to this specc; known: {', '.join(METHODS)}")
+    if row.drafter is None:
         return None
-    if method not in REGISTRY:
-        raise BundleError(f"draft method {method!r} is not known to this specc; known: {', '.join(REGISTRY)}, none")
-    drafter = REGISTRY[method].build(ctx)
+    drafter = with_method(drafter_class(row).build(ctx), method)
     if ctx.settings.get("lookup"):
-        drafter = LookupFirstDrafter(PromptLookupDrafter.build(ctx), drafter)
+        drafter = LookupFirstDrafter(with_method(PromptLookupDrafter.build(ctx), "prompt_lookup"), drafter)
     return drafter
 
 
-__all__ = ["REGISTRY", "DraftContext", "Drafter", "GraphDrafter", "EagleDrafter", "MedusaDrafter", "LookupFirstDrafter", "ModelDrafter", "PromptLookupDrafter",
-           "Proposal", "SharedCacheDrafter", "build_drafter"]
+__all__ = ["DraftContext", "DraftInfo", "DraftPlan", "Drafter", "GraphDrafter", "LookupFirstDrafter", "Priced",
+           "PromptLookupDrafter", "Proposal", "build_drafter", "drafter_class"]

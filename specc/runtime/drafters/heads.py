@@ -20,11 +20,12 @@ from typing import Callable
 import torch
 
 from ...speculation.sampling import RowParams, choose
-from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
+from ...speculation.tree import DraftTree, TreeShape, tree_tensors
 from ..kv_cache import KVCache
 from ..state import Batch
 from ..step import pad_right
-from .base import GraphDrafter, Proposal, Stops
+from .base import DraftPlan, GraphDrafter, Proposal
+from .loops import draft_chain, grow_tree
 
 
 class LastFeatures:
@@ -44,25 +45,23 @@ class MedusaDrafter(GraphDrafter):
     """Medusa heads: one call of the head graph per round drafts every position (chain or tree)."""
 
     kind = "medusa"
-    supports_tree = True
 
     def heads(self, batch: Batch) -> torch.Tensor:
         """[B, N, V] logits of every head at each row's last committed token."""
-        (logits,) = self.step.runner(batch.draft_cache.last[:, None].contiguous())
+        (logits,) = self.step.runner(batch.draft_state.last[:, None].contiguous())
         return logits[:, 0]
 
-    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         feats = verdict.extra["features"]
-        batch.draft_cache = LastFeatures(feats[torch.arange(len(lengths)), lengths - 1])
+        batch.draft_state = LastFeatures(feats[torch.arange(len(lengths)), lengths - 1])
 
     def after_verify(self, batch: Batch, verdict) -> None:
         feats = verdict.extra["features"]
-        batch.draft_cache.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
+        batch.draft_state.last = feats[torch.arange(feats.shape[0]), verdict.n_accepted]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
-                stop_chain: bool = False) -> Proposal:
+    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         logits = self.heads(batch)
-        k = min(k, logits.shape[1])
+        k = min(plan.k, logits.shape[1])
         noise = batch.noise(k)
         tokens, probs = [], []
         for i in range(k):
@@ -76,14 +75,8 @@ class MedusaDrafter(GraphDrafter):
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Level l's candidates come from head l at every node of that level (top tokens, or i.i.d. draws)."""
         logits = self.heads(batch)
-        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
-        noise = batch.noise(shape.size + 1)
-        frontier = [[0] for _ in trees]
-        for level in range(1, min(shape.depth, logits.shape[1]) + 1):
-            frontier = expand_level(trees, frontier, logits[:, level - 1:level], params, shape, level, noise)
-            if not any(frontier):
-                break
-        return trees
+        return grow_tree(batch, shape, params, logits[:, :1], lambda trees, frontier, level: logits[:, level:level + 1],
+                         depth=min(shape.depth, logits.shape[1]))
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         return lambda: self.heads(batch)
@@ -110,24 +103,22 @@ class EagleDrafter(GraphDrafter):
     confidence within the node budget (dynamic) or along static paths."""
 
     kind = "eagle"
-    supports_tree = True
-    stops = True
 
-    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
         feats = verdict.extra["features"]
         cache.todo = [feats[b, :n] for b, n in enumerate(lengths.tolist())]
-        batch.draft_cache = cache
+        batch.draft_state = cache
 
     def after_verify(self, batch: Batch, verdict) -> None:
-        cache: EagleCache = batch.draft_cache
+        cache: EagleCache = batch.draft_state
         feats = verdict.extra["features"]
         cache.todo = [torch.cat([t, feats[b, :n + 1]]) for b, (t, n) in enumerate(zip(cache.todo, verdict.n_accepted.tolist()))]
 
     def _enter(self, batch: Batch, room: int):
         """Enter every row's pending entries (kept); returns the logits [B, 1, V] and hidden [B, 1, H] of
         each row's last entry, whose token is the row's pending token."""
-        cache: EagleCache = batch.draft_cache
+        cache: EagleCache = batch.draft_state
         starts = cache.lengths.tolist()
         ids, n_feed = pad_right([s.tokens[j + 1:j + 1 + len(t)] for s, j, t in zip(batch.seqs, starts, cache.todo)],
                                 cache.lengths.device)
@@ -142,40 +133,30 @@ class EagleDrafter(GraphDrafter):
         cache.todo = [t[:0] for t in cache.todo]
         return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
-                stop_chain: bool = False) -> Proposal:
-        cache: EagleCache = batch.draft_cache
-        logits, hidden = self._enter(batch, k)
+    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
+        cache: EagleCache = batch.draft_state
+        logits, hidden = self._enter(batch, plan.k)
         kept = cache.lengths.clone()
-        noise = batch.noise(k)
-        tokens, probs, stops = [], [], Stops(torch.ones_like(kept), k, stop_below, stop_chain)
         first = torch.zeros_like(kept)[:, None]
-        for i in range(k):
-            tok, q = choose(logits[:, 0], params, noise[:, i])
-            tokens.append(tok)
-            probs.append(q)
-            if not stops.update(i, logits[:, 0], tok):
-                break
-            if i + 1 < k:
-                logits, hidden, new_k, new_v = self.step(tok[:, None], cache, logit_index=first, features=hidden)
-                cache.commit(new_k, new_v, torch.ones_like(kept))
+
+        def step(tok: torch.Tensor) -> torch.Tensor:
+            nonlocal hidden
+            logits, hidden, new_k, new_v = self.step(tok[:, None], cache, logit_index=first, features=hidden)
+            cache.commit(new_k, new_v, torch.ones_like(kept))
+            return logits[:, 0]
+
+        proposal = draft_chain(batch, params, plan, logits[:, 0], step, self.kind)
         cache.lengths = kept  # speculative entries carry draft features: never kept
-        q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, stop_below=stop_below)
+        return proposal
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Level by level: every drafted node is an entry (its parent's output hidden state, its token)
         at position depth-based; the node's output hidden state feeds its children."""
-        cache: EagleCache = batch.draft_cache
+        cache: EagleCache = batch.draft_state
         logits, root_hidden = self._enter(batch, shape.size)
-        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
-        hidden_of = [{0: root_hidden[b, 0]} for b in range(len(trees))]
-        noise = batch.noise(shape.size + 1)
-        frontier = [[0] for _ in trees]
-        for level in range(1, shape.depth + 1):
-            frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
-            if level == shape.depth or not any(frontier):
-                break
+        hidden_of = [{0: root_hidden[b, 0]} for b in range(len(batch.seqs))]
+
+        def next_level(trees: list[DraftTree], frontier: list[list[int]], level: int) -> torch.Tensor:
             ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
             feats = torch.zeros(ids.shape[0], ids.shape[1], root_hidden.shape[-1], dtype=root_hidden.dtype, device=ids.device)
             for b, tree in enumerate(trees):
@@ -188,10 +169,12 @@ class EagleDrafter(GraphDrafter):
             for b, f in enumerate(frontier):
                 for node in f:
                     hidden_of[b][node] = hidden[b, node - 1]
-        return trees
+            return logits
+
+        return grow_tree(batch, shape, params, logits, next_level)
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
-        cache: EagleCache = batch.draft_cache
+        cache: EagleCache = batch.draft_state
         pending = batch.pending[:, None]
         feats = torch.zeros(pending.shape[0], 1, cache.todo[0].shape[-1])
         first = torch.zeros_like(pending)

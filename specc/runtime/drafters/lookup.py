@@ -8,7 +8,7 @@ import torch
 from ...speculation.sampling import RowParams
 from ..state import Batch
 from ..stats import LOOKUP
-from .base import DraftContext, Drafter, GraphDrafter, Proposal
+from .base import DraftContext, DraftInfo, DraftPlan, Drafter, GraphDrafter, Proposal
 
 
 class PromptLookupDrafter(Drafter):
@@ -55,9 +55,8 @@ class PromptLookupDrafter(Drafter):
     def finds(self, batch: Batch) -> list[int]:
         return [self.match(s.tokens, 1)[0] for s in batch.seqs]
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
-                stop_chain: bool = False) -> Proposal:
-        return self.drafts([self.match(s.tokens, k) for s in batch.seqs], params, batch.cache.lengths.device)
+    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
+        return self.drafts([self.match(s.tokens, plan.k) for s in batch.seqs], params, batch.cache.lengths.device)
 
     def drafts(self, matches: list[tuple[int, list[int]]], params: RowParams, device: torch.device) -> Proposal:
         """The proposal of each row's lookup (n, tokens): tokens [B, width], one-hot q (sampled rows), lengths,
@@ -71,7 +70,7 @@ class PromptLookupDrafter(Drafter):
         q = None
         if not params.all_greedy:
             q = torch.zeros(len(found), width, self.vocab_size, device=device).scatter_(-1, draft[..., None], 1.0)
-        return Proposal(draft, q, lengths, self.source, classes=[n if f else 0 for n, f in matches])
+        return Proposal(draft, q, lengths, self.source, DraftInfo(classes=[n if f else 0 for n, f in matches]))
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         tokens = batch.seqs[0].tokens
@@ -89,11 +88,9 @@ class LookupFirstDrafter(Drafter):
     EAGLE head enters the features every verify pass hands it, lookup rounds' included).
     """
 
-    lookup_first = True
-
     def __init__(self, lookup: PromptLookupDrafter, model: GraphDrafter):
         self.lookup, self.model = lookup, model
-        self.kind, self.lazy_prefill, self.stops = model.kind, model.lazy_prefill, model.stops
+        self.kind, self.method, self.lazy_prefill = model.kind, model.method, model.lazy_prefill
         lookup.source = LOOKUP  # its rounds, as an arm too, count as lookup rounds in the statistics
 
     @property
@@ -101,16 +98,11 @@ class LookupFirstDrafter(Drafter):
         """"model": the model alone, also for rows lookup finds a continuation for; "lookup" (LOOKUP,
         also the source of this drafter's lookup rounds): lookup alone (rows it misses get no drafts;
         no model call, so no draft prefill either). An adaptive policy picks per round, with lookup's
-        match length in hand: a short match loses to the model (on the int4 Qwen pair at batch 1, rounds
-        of a two-token match gave 1.6 tokens from lookup, 2.7 from the model at ~15% more time), a
-        three-token match wins."""
+        match length in hand, since a short match is accepted far less often than a long one."""
         return {"model": self.model, LOOKUP: self.lookup}
 
-    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
-        self.model.prefill(batch, ids, lengths)
-
-    def after_prefill(self, batch: Batch, lengths: torch.Tensor, verdict) -> None:
-        self.model.after_prefill(batch, lengths, verdict)  # an EAGLE head takes the prompt's features
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
+        self.model.prefill(batch, ids, lengths, verdict)
 
     def behind(self, batch: Batch) -> list[int]:
         """What a round that needs the model enters first; nothing where lookup drafts every row."""
@@ -118,12 +110,11 @@ class LookupFirstDrafter(Drafter):
             return [0] * len(batch.seqs)
         return self.model.behind(batch)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
-                stop_chain: bool = False) -> Proposal:
-        found = [self.lookup.match(s.tokens, k) for s in batch.seqs]
+    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
+        found = [self.lookup.match(s.tokens, plan.k) for s in batch.seqs]
         if all(n for n, _ in found):
             return self.lookup.drafts(found, params, batch.cache.lengths.device)
-        return self.model.propose(batch, k, params, warm, stop_below, stop_chain)
+        return self.model.propose(batch, params, plan)
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)

@@ -7,19 +7,20 @@ from typing import Callable
 
 import torch
 
-from ...speculation.sampling import RowParams, choose
-from ...speculation.tree import DraftTree, TreeShape, expand_level, tree_tensors
+from ...speculation.sampling import RowParams
+from ...speculation.tree import DraftTree, TreeShape, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
 from ..step import pad_right
-from .base import GraphDrafter, Proposal, Stops
+from .base import DraftInfo, DraftPlan, GraphDrafter, Proposal
+from .loops import draft_chain, grow_tree
 
 
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
 
 
 class ModelDrafter(GraphDrafter):
-    """A draft step graph with its own KV cache (`Batch.draft_cache`), kept in step with the target's tokens.
+    """A draft step graph with its own KV cache (`Batch.draft_state`), kept in step with the target's tokens.
 
     The cache fills lazily: a prompt enters it in the first round that drafts for its row, not at
     admission, so requests that are never drafted for (adaptive k at 0, a probe that skips cold
@@ -28,16 +29,14 @@ class ModelDrafter(GraphDrafter):
     """
 
     kind = "model"
-    supports_tree = True
     lazy_prefill = True
-    stops = True
 
-    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
-        batch.draft_cache = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
+        batch.draft_state = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
 
     def cache(self, batch: Batch) -> KVCache | LayerView:
         """The draft KV this batch's rounds extend."""
-        return batch.draft_cache
+        return batch.draft_state
 
     def behind(self, batch: Batch) -> list[int]:
         """Tokens `catch_up` would enter per row: all but the pending one for cold rows (nothing entered
@@ -69,51 +68,39 @@ class ModelDrafter(GraphDrafter):
 
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
-        if batch.draft_cache is not None:
-            batch.draft_cache.lengths = torch.minimum(batch.draft_cache.lengths, batch.cache.lengths)
+        if batch.draft_state is not None:
+            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths)
 
-    def propose(self, batch: Batch, k: int, params: RowParams, warm: bool = True, stop_below: float = 0.0,
-                stop_chain: bool = False) -> Proposal:
+    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         start = time.perf_counter()
-        cold, entered = self.catch_up(batch, warm)
-        caught_up = time.perf_counter() - start
-        cache = self.cache(batch)
+        cold, entered = self.catch_up(batch, plan.warm)
+        info = DraftInfo(cold, time.perf_counter() - start, entered)
         if len(cold) == len(batch.seqs):  # nothing to draft from: an empty proposal, a plain round
-            empty = torch.zeros(len(cold), 0, dtype=torch.long, device=cache.lengths.device)
-            q = None if params.all_greedy else torch.zeros(*empty.shape, self.step.dims.vocab_size, device=empty.device)
-            return Proposal(empty, q, torch.zeros_like(cache.lengths), self.kind, cold, caught_up, entered)
+            return Proposal.empty(batch, params, self.step.dims.vocab_size, self.kind, info)
         # Feed what the draft cache lacks: the pending token, and after a fully accepted round also
         # the last draft token (its KV was never computed). Cold rows run along on their pending
         # token, commit nothing and propose nothing.
+        cache = self.cache(batch)
         lengths = cache.lengths.tolist()
         feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[n:]
                                   for b, (s, n) in enumerate(zip(batch.seqs, lengths))], cache.lengths.device)
         drafting = torch.ones_like(n_feed)
         drafting[cold] = 0
-        cache.ensure(max(lengths) + feed.shape[1] + k)
-        noise = batch.noise(k)
-        tokens, probs, stops = [], [], Stops(drafting, k, stop_below, stop_chain)
+        cache.ensure(max(lengths) + feed.shape[1] + plan.k)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
-        for i in range(k):
-            cache.commit(new_k, new_v, n_feed * drafting)  # a stopped row's later entries lie past what it keeps
-            tok, q = choose(logits[:, 0], params, noise[:, i])
-            tokens.append(tok)
-            probs.append(q)
-            if not stops.update(i, logits[:, 0], tok):
-                break
-            if i + 1 < k:
-                n_feed = torch.ones_like(n_feed)
-                logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
-        q = None if params.all_greedy else torch.stack(probs, 1)
-        return Proposal(torch.stack(tokens, 1), q, stops.n_draft, self.kind, cold, caught_up, entered, stop_below)
+        cache.commit(new_k, new_v, n_feed * drafting)  # a stopped row's later entries lie past what it keeps
+
+        def step(tok: torch.Tensor) -> torch.Tensor:
+            logits, new_k, new_v = self.step(tok[:, None], cache, logit_index=torch.zeros_like(tok)[:, None])
+            cache.commit(new_k, new_v, drafting)
+            return logits[:, 0]
+
+        return draft_chain(batch, params, plan, logits[:, 0], step, self.kind, drafting, info)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
-        """Grow one token tree per row, level by level (see speculation/tree.py for the candidate rules).
-
-        The first call feeds what the draft cache lacks (ending with the root) and commits it;
-        each further call runs all drafted nodes with their ancestor mask at depth-based
-        positions, reading logits at the newest level only.
-        """
+        """The first call feeds what the draft cache lacks (ending with the root) and commits it; each
+        further call runs all drafted nodes with their ancestor mask at depth-based positions, reading
+        logits at the newest level only."""
         self.catch_up(batch)
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
@@ -121,18 +108,14 @@ class ModelDrafter(GraphDrafter):
         cache.ensure(max(lengths) + feed.shape[1] + shape.size)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         cache.commit(new_k, new_v, n_feed)
-        trees = [DraftTree([s.out[-1]]) for s in batch.seqs]
-        noise = batch.noise(shape.size + 1)
-        frontier = [[0] for _ in trees]
-        for level in range(1, shape.depth + 1):
-            frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
-            if level == shape.depth or not any(frontier):
-                break
+
+        def next_level(trees: list[DraftTree], frontier: list[list[int]], level: int) -> torch.Tensor:
             ids, depth, mask = tree_tensors(trees, first=1, device=cache.lengths.device)
             index, _ = pad_right([[n - 1 for n in f] or [0] for f in frontier], cache.lengths.device)
             positions = cache.lengths[:, None] - 1 + depth
-            logits, _, _ = self.step(ids, cache, logit_index=index, positions=positions, tree_mask=mask)
-        return trees
+            return self.step(ids, cache, logit_index=index, positions=positions, tree_mask=mask)[0]
+
+        return grow_tree(batch, shape, params, logits, next_level)
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         self.catch_up(batch)
@@ -151,7 +134,7 @@ class SharedCacheDrafter(ModelDrafter):
     kind = "early_exit"
     lazy_prefill = False
 
-    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor) -> None:
+    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         pass
 
     def cache(self, batch: Batch) -> LayerView:

@@ -1,0 +1,88 @@
+"""The draft methods, one row each: what every method can do, declared once.
+
+The recipe's checks, the compiler (which draft graph to build), the pass pipeline (which passes
+each graph gets) and the runtime (which drafter runs a bundle) all read this table, in the
+spirit of TensorRT-LLM's `SpeculativeDecodingMode`. Adding a drafter is a module with its
+`Drafter` subclass and one `register_method` line here (or in the code that defines it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What the bundle's draft graph is, by the draft method's `graph`:
+#   "model"  a separate draft model, traced (recipe draft.model)
+#   "target" the target itself, traced again or its exported program reused (quantised self-draft)
+#   "exit"   the target's first draft.layer layers with an exit head (passes add_early_exit, truncate_to_exit)
+#   "head"   a learned head over the target's features (Medusa, EAGLE; heads/graph.py)
+#   None     no draft graph (prompt lookup, or no drafting)
+GRAPH_KINDS = ("model", "target", "exit", "head", None)
+
+# Draft fields that belong to some methods only; the rest (lookup, n-grams, stop_below) are capabilities below.
+METHOD_FIELDS = ("model", "quantize", "layer", "adapter", "head")
+
+
+@dataclass(frozen=True)
+class DraftMethod:
+    """One way of drafting and what it can do.
+
+    drafter: the runtime class that drafts for it, as "module:Class" (imported when a bundle loads, so this
+    table stays below the runtime in the layers) or the class itself; None for no drafting."""
+
+    name: str
+    graph: str | None  # GRAPH_KINDS
+    drafter: str | type | None
+    fields: tuple[str, ...] = ()  # METHOD_FIELDS this method uses
+    requires: tuple[str, ...] = ()  # of those, the ones the recipe must set
+    reads_features: bool = False  # the target graph also returns the hidden states the drafter reads
+    draft_attends: bool = True  # the draft graph attends over tokens (a tree mask pass applies to it)
+    trees: bool = False  # drafts token trees (speculation.mode tree)
+    stops: bool = False  # drafts one token at a time and can end a chain early (draft.stop_below)
+    lookup_in_front: bool = False  # prompt lookup may draft first (draft.lookup)
+    shares_target_cache: bool = False  # the draft graph reads the target's KV cache
+
+    def __post_init__(self) -> None:
+        if self.graph not in GRAPH_KINDS:
+            raise ValueError(f"draft method {self.name!r}: graph {self.graph!r} is not one of {GRAPH_KINDS}")
+        unknown = set(self.fields) - set(METHOD_FIELDS) or set(self.requires) - set(self.fields)
+        if unknown:
+            raise ValueError(f"draft method {self.name!r}: fields {sorted(unknown)} are not its own draft fields")
+
+
+METHODS: dict[str, DraftMethod] = {}
+
+
+def register_method(method: DraftMethod) -> DraftMethod:
+    """Add (or replace) a row of the table."""
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> DraftMethod:
+    """The row of a draft method; KeyError names the known ones."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"draft method {name!r} is not known; known: {', '.join(METHODS)}") from None
+
+
+def methods_with(**capabilities: object) -> tuple[str, ...]:
+    """Names of the methods whose capabilities equal these (e.g. stops=True), in table order."""
+    return tuple(m.name for m in METHODS.values() if all(getattr(m, k) == v for k, v in capabilities.items()))
+
+
+_RUNTIME = "specc.runtime.drafters"
+for _method in (
+    DraftMethod("model", "model", f"{_RUNTIME}.model:ModelDrafter", fields=("model", "quantize"), requires=("model",),
+                trees=True, stops=True, lookup_in_front=True),
+    DraftMethod("quantized", "target", f"{_RUNTIME}.model:ModelDrafter", fields=("quantize",), requires=("quantize",),
+                trees=True, stops=True, lookup_in_front=True),
+    DraftMethod("early_exit", "exit", f"{_RUNTIME}.model:SharedCacheDrafter", fields=("layer", "adapter"),
+                requires=("layer",), trees=True, stops=True, lookup_in_front=True, shares_target_cache=True),
+    DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter"),
+    DraftMethod("medusa", "head", f"{_RUNTIME}.heads:MedusaDrafter", fields=("quantize", "head"), requires=("head",),
+                reads_features=True, draft_attends=False, trees=True),
+    DraftMethod("eagle", "head", f"{_RUNTIME}.heads:EagleDrafter", fields=("quantize", "head"), requires=("head",),
+                reads_features=True, trees=True, stops=True, lookup_in_front=True),
+    DraftMethod("none", None, None),
+):
+    register_method(_method)

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "specc"
 LAYERS: list[tuple[str, ...]] = [
     ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.hardware"),
     ("specc.speculation",),
-    ("specc.recipe",),
+    ("specc.methods", "specc.recipe"),
     ("specc.models", "specc.capture", "specc.heads"),
     ("specc.passes",),
     ("specc.backends",),

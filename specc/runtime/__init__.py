@@ -1,8 +1,10 @@
 """The speculative runtime: load a bundle, schedule rounds on its compiled graphs.
 
-`model.py` (SpecModel, load) · `scheduler.py` (the rounds, continuous batching) · `target.py`
-(the target step) · `drafters/` (one module per way of drafting) · `state.py`, `stats.py`,
-`kv_cache.py`, `step.py`, `text.py`. Importing this package loads nothing heavy.
+`model.py` (SpecModel, load) · `scheduler.py` (continuous batching) · `rounds.py` (one round:
+plain, chain, tree) · `verifier.py` (the target pass and acceptance) · `planning.py` (what a
+round drafts: fixed k or the adaptive policy, `adaptive.py`) · `target.py` (the target graph) ·
+`drafters/` (one module per way of drafting) · `state.py`, `stats.py`, `kv_cache.py`, `step.py`,
+`text.py`. Importing this package loads nothing heavy.
 """
 from __future__ import annotations
 

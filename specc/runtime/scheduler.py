@@ -1,8 +1,9 @@
 """The Scheduler: continuous batching over speculative rounds.
 
-One chain round:  draft k → verify k+1 in one target pass → accept a prefix → commit its KV.
-One tree round:   draft a token tree per row → verify every node in one pass → commit the accepted path.
-Requests wait in a queue and join the running batch between rounds.
+Requests wait in a queue and join the running batch between rounds. Each step admits waiting
+requests (their prefill) or runs one round over the batch (runtime/rounds.py: plain, chain or
+tree), as the planner (runtime/planning.py) decides, then emits each row's new text and drops
+rows that finished.
 """
 from __future__ import annotations
 
@@ -118,24 +119,31 @@ class Scheduler:
         admitted = self._admit()
         events += admitted
         if self.batch is not None and not admitted:
-            batch = self.batch
-            if self.tree is not None:
-                plan = DraftPlan(self.tree.size)  # what the round's record counts: the tree's nodes
-                result = tree_round(batch, self.drafter, self.verifier, self.tree)
-            elif (plan := self.planner.plan(batch)) is not None:
-                result = chain_round(batch, self.drafter, self.verifier, plan)
-            else:
-                result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
-            self.last_round = self.planner.observe(batch, plan, result, time.perf_counter() - start)
-            self._account(batch, result)
-            events += self._advance(batch, result.tokens)
-            if not batch.seqs:
-                self.batch = None
+            events += self._round(self.batch)
         self.stats.seconds += time.perf_counter() - start
+        return events
+
+    def _round(self, batch: Batch) -> list[StreamEvent]:
+        """One round over the batch, of the kind the planner decides; its record, statistics and events."""
+        start = time.perf_counter()
+        if self.tree is not None:
+            plan = DraftPlan(self.tree.size)  # what the round's record counts: the tree's nodes
+            result = tree_round(batch, self.drafter, self.verifier, self.tree)
+        elif (plan := self.planner.plan(batch)) is not None:
+            result = chain_round(batch, self.drafter, self.verifier, plan)
+        else:
+            result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
+        self.last_round = self.planner.observe(batch, plan, result, time.perf_counter() - start)
+        self._account(batch, result)
+        events = self._advance(batch, result.tokens)
+        if not batch.seqs:
+            self.batch = None
         return events
 
     def _account(self, batch: Batch, result: RoundResult) -> None:
         """Add a round's figures to each row's and the run's statistics."""
+        k = self.last_round.k
+        self.stats.rounds_by_k[k] = self.stats.rounds_by_k.get(k, 0) + 1
         self.stats.draft_seconds += result.draft_seconds
         self.stats.target_seconds += result.verify_seconds
         self.stats.prefill_seconds += result.info.catch_up_seconds  # a draft model's lazy prefill

@@ -89,11 +89,14 @@ class RunStats:
     draft_seconds: float = 0.0  # drafting, including the draft's own sampling
     target_seconds: float = 0.0  # target passes after prefill (verify, or decode without speculation)
     speculation: RowStats = field(default_factory=RowStats)
+    rounds_by_k: dict[int, int] = field(default_factory=dict)  # rounds after prefill by the k they drafted (0: plain)
 
     def merge(self, other: "RunStats") -> None:
         for name in ("requests", "new_tokens", "seconds", "prefill_seconds", "draft_seconds", "target_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.speculation.merge(other.speculation)
+        for k, n in other.rounds_by_k.items():
+            self.rounds_by_k[k] = self.rounds_by_k.get(k, 0) + n
 
     def to_dict(self) -> dict:
         host = self.seconds - self.draft_seconds - self.target_seconds - self.prefill_seconds
@@ -106,5 +109,6 @@ class RunStats:
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "host_seconds": host,
+            "rounds_by_k": {str(k): n for k, n in sorted(self.rounds_by_k.items())},
             **self.speculation.to_dict(),
         }

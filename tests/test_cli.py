@@ -129,7 +129,7 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens 0: allowed an integer >= 1"),
     (["generate", "{bundle}", "--prompt", ""], "prompt 0 is empty"),
     (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "500"], "above this bundle's max_context 128"),
     (["generate", "{bundle}", "--prompt", "x", "--temperature", "-1"], "temperature must be a number in [0, 100]"),

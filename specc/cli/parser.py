@@ -40,6 +40,11 @@ class SpeccParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._argv: list[str] = []
 
+    def add_argument(self, *args, **kwargs):
+        if kwargs.get("type") is int and "metavar" not in kwargs and args and args[0].startswith("-"):
+            kwargs["metavar"] = "N"
+        return super().add_argument(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)

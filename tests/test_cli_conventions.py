@@ -200,6 +200,19 @@ def test_python_dash_m_specc_and_the_console_script_exit_2(tmp_path):
     assert bad.returncode == 2 and "prompts file" in one_error_line(bad.stderr)
 
 
+@pytest.mark.parametrize("args", [["bench", "{tmp}", "--prompts", "{tmp}/x.jsonl"], ["eval", "{tmp}", "--text",
+                                  "{tmp}/none.txt"], ["generate", "{tmp}/nope", "--prompt", "x"], ["bnch"]])
+def test_wrong_invocations_answer_without_importing_torch(args, tmp_path):
+    """The checks run before torch is imported, so the answer comes in a fraction of a second."""
+    code = ("import sys\nfrom specc.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    rc = e.code\nassert 'torch' not in sys.modules, 'torch imported'\nsys.exit(rc)")
+    argv = [a.format(tmp=tmp_path) for a in args]
+    run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 2, run.stderr
+    one_error_line(run.stderr)
+
+
 def test_catalog_pins_every_checksum_and_names_every_source():
     import dataclasses
 

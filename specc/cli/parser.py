@@ -35,10 +35,16 @@ class SpeccParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors end in one `specc: error:` line after its own usage, and whose
     unknown options and invalid choices suggest the closest allowed spelling."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, epilog_factory=None, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._argv: list[str] = []
+        self._epilog_factory = epilog_factory  # an epilog built only for --help (the recipe schema imports torch)
+
+    def format_help(self) -> str:
+        if self._epilog_factory is not None and self.epilog is None:
+            self.epilog = self._epilog_factory()
+        return super().format_help()
 
     def add_argument(self, *args, **kwargs):
         if kwargs.get("type") is int and "metavar" not in kwargs and args and args[0].startswith("-"):

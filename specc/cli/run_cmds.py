@@ -98,7 +98,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.run import check_bench_settings, load_bundles, run_bench
-    from ..speculation.tree import TreeShape
 
     if args.expect_id and len(args.bundle) != 1:
         raise SpeccError(f"--expect-id pins one bundle; bench was given {len(args.bundle)}")
@@ -108,11 +107,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         checks.llamacpp_installed("--compare llamacpp")
     checks.input_file(args.llamacpp_target, "--llamacpp-target")
     checks.input_file(args.llamacpp_draft, "--llamacpp-draft")
-    try:
-        trees = [TreeShape.parse(t) for t in args.tree or []]
-    except ValueError as exc:
-        raise SpeccError(f"--tree: {exc}") from None
     items = read_prompts(args)
+    trees = parse_trees(args.tree) if args.tree else []
     with human_output(args):
         models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
         results = run_bench(models, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
@@ -123,6 +119,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if json_to_stdout(args):
         write_json(args, results)
     return 0
+
+
+def parse_trees(specs: list[str]) -> list:
+    """--tree values as TreeShapes (imported only when asked for: it brings torch)."""
+    from ..speculation.tree import TreeShape
+
+    try:
+        return [TreeShape.parse(t) for t in specs]
+    except ValueError as exc:
+        raise SpeccError(f"--tree: {exc}") from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -201,7 +201,12 @@ def test_python_dash_m_specc_and_the_console_script_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["bench", "{tmp}", "--prompts", "{tmp}/x.jsonl"], ["eval", "{tmp}", "--text",
-                                  "{tmp}/none.txt"], ["generate", "{tmp}/nope", "--prompt", "x"], ["bnch"]])
+                                  "{tmp}/none.txt"], ["generate", "{tmp}/nope", "--prompt", "x"], ["bnch"],
+                                  ["tune", "{tmp}", "--prompts", "{tmp}/x.jsonl"], ["inspect", "{tmp}/nope"],
+                                  ["serve", "{tmp}/nope"], ["triton", "{tmp}/nope", "--repo", "{tmp}/r"],
+                                  ["compile", "{tmp}/r.yaml"], ["train-head", "{tmp}/r.yaml", "--kind", "eagle"],
+                                  ["train-exit-head", "m", "--layer", "1", "--corpus", "{tmp}/c", "-o", "{tmp}/a"],
+                                  ["models", "pull", "nope"], ["trt-check", "{tmp}/m.onnx"]])
 def test_wrong_invocations_answer_without_importing_torch(args, tmp_path):
     """The checks run before torch is imported, so the answer comes in a fraction of a second."""
     code = ("import sys\nfrom specc.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"

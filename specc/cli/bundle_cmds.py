@@ -1,5 +1,8 @@
 """Subcommands that build, show or deploy a bundle, and the machine reports: compile, inspect, serve,
-triton, doctor, trt-check, passes."""
+triton, doctor, trt-check, passes.
+
+Each command checks its inputs before it imports what loads models (torch), so a wrong invocation
+answers at once."""
 from __future__ import annotations
 
 import argparse
@@ -19,11 +22,11 @@ def _recipe_help() -> str:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    checks.input_file(args.recipe, "recipe")
     from ..bundle import read_manifest
     from ..compiler import compile_recipe
     from ..recipe import load_recipe
 
-    checks.input_file(args.recipe, "recipe")
     recipe = load_recipe(args.recipe)
     path = compile_recipe(recipe, output=args.output, dump_graphs=args.dump_graphs, progress=not args.quiet)
     print(f"bundle written to {path}\nbundle id {read_manifest(path).id} (pin it with --expect-id)")
@@ -31,11 +34,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    checks.bundle_dir(args.bundle)
+    checks.output_file(json_file(args))
     from ..bundle import open_bundle
     from .format import format_manifest, terminal_safe
 
-    checks.bundle_dir(args.bundle)
-    checks.output_file(json_file(args))
     bundle = open_bundle(args.bundle, verify=not args.no_verify, expect_id=args.expect_id)
     if args.json is None or json_file(args):
         print(terminal_safe(format_manifest(bundle.manifest, bundle.path, verified=not args.no_verify)))
@@ -44,12 +47,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_triton(args: argparse.Namespace) -> int:
-    from ..triton import write_repository
-
     checks.bundle_dir(args.bundle)
     checks.at_least(args.max_new_tokens, "--max-new-tokens")
     if args.repo.exists() and not args.repo.is_dir():
         raise SpeccError(f"--repo {args.repo} exists and is not a directory; allowed a new or empty directory")
+    from ..triton import write_repository
+
     plans = write_repository(args.bundle, args.repo, name=args.name, layout=args.layout, engines=args.engines,
                              force=args.force, default_max_tokens=args.max_new_tokens, expect_id=args.expect_id,
                              trust_code=args.trust_code)
@@ -83,9 +86,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_trt_check(args: argparse.Namespace) -> int:
+    checks.input_file(args.onnx, "ONNX file")
     from ..backends.trt_coverage import check_onnx, format_report
 
-    checks.input_file(args.onnx, "ONNX file")
     report = check_onnx(args.onnx)
     print(format_report(report))
     return 0 if report.ok else 1

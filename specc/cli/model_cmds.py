@@ -1,4 +1,7 @@
-"""Subcommands about models and draft heads: models (list, check, pull), train-head, train-exit-head."""
+"""Subcommands about models and draft heads: models (list, check, pull), train-head, train-exit-head.
+
+Each command checks its inputs before it imports what loads models (torch), so a wrong invocation
+answers at once."""
 from __future__ import annotations
 
 import argparse
@@ -46,13 +49,13 @@ def _prompt_set(text: str) -> tuple[int, str]:
 
 
 def cmd_train_head(args: argparse.Namespace) -> int:
+    checks.input_file(args.recipe, "recipe")
     from ..hardware import cpu
     from ..models.cache import cache_dir
     from ..models.load import load_model
     from ..recipe import load_recipe
     from ..training.heads import TrainConfig, check_train_config, consecutive_sets, train_head
 
-    checks.input_file(args.recipe, "recipe")
     recipe = load_recipe(args.recipe)
     cfg = TrainConfig(kind=args.kind, steps=args.steps, lr=args.lr, heads=args.heads, batch_seqs=args.batch_seqs,
                       draft_vocab=args.draft_vocab or None, eval_every=args.eval_every, unroll=args.unroll,
@@ -81,13 +84,13 @@ def cmd_train_head(args: argparse.Namespace) -> int:
 
 
 def cmd_train_exit_head(args: argparse.Namespace) -> int:
+    checks.input_dir(args.corpus, "--corpus")
+    checks.output_file(args.output, "-o")
     from ..heads.exit import save_adapter
     from ..models.load import load_model
     from ..training.exit_head import TrainConfig, train_exit_head
     from .format import table
 
-    checks.input_dir(args.corpus, "--corpus")
-    checks.output_file(args.output, "-o")
     loaded = load_model(args.model)
     cfg = TrainConfig(layer=args.layer, corpus=args.corpus, train_tokens=args.train_tokens, eval_tokens=args.eval_tokens,
                       seq_len=args.seq_len, rank=args.rank, steps=args.steps, lr=args.lr)

@@ -1,4 +1,7 @@
-"""Subcommands that run a bundle on prompts: generate, bench, eval, tune."""
+"""Subcommands that run a bundle on prompts: generate, bench, eval, tune.
+
+Each command checks its inputs before it imports what loads models (torch), so a wrong invocation
+answers at once."""
 from __future__ import annotations
 
 import argparse
@@ -55,11 +58,11 @@ def check_run_inputs(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    check_run_inputs(args)
+    items = read_prompts(args)
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
-    check_run_inputs(args)
-    items = read_prompts(args)
     model = load_model(args)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
@@ -132,9 +135,6 @@ def parse_trees(specs: list[str]) -> list:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..bench.quality import evaluate, format_eval, text_chunks
-    from ..bench.run import encode_prompts
-
     check_run_inputs(args)
     checks.input_file(args.text, "--text")
     checks.input_file(args.gguf, "--gguf")
@@ -144,6 +144,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     items = read_prompts(args, required=False)
     if not (args.text or items):
         raise SpeccError("give --text FILE (plain text, cut into --chunk-tokens pieces) or --prompt/--prompts")
+    from ..bench.quality import evaluate, format_eval, text_chunks
+    from ..bench.run import encode_prompts
+
     with human_output(args):
         model = load_model(args)
         texts = text_chunks(model, args.text, args.chunk_tokens) if args.text else []
@@ -157,8 +160,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields
-
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")
     check_run_inputs(args)
@@ -166,6 +167,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for value, flag in ((args.k_max, "--k-max"), (args.repeats, "--repeats"), (args.timing_prompts, "--timing-prompts")):
         checks.at_least(value, flag)
     items = read_prompts(args)
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields
+
     with human_output(args):
         model = load_model(args)
         if args.recipe:

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from ..digest import sha256_of
 from ..errors import ModelError
 from .cache import cache_dir
-from .gguf import convert_gguf
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -167,6 +166,8 @@ def pull(name: str) -> Path:
     model = get(name)
     if (model.hf_dir / "config.json").exists():
         return model.hf_dir
+    from .gguf import convert_gguf  # imports torch: not needed to list the catalog or refuse an unknown name
+
     gguf = assemble_gguf(model)
     convert_gguf(gguf, model.hf_dir)
     return model.hf_dir

@@ -53,6 +53,13 @@ def test_every_subcommand_help_exits_0(parser, capsys):
     assert exit_.value.code == 0 and "usage: " + parser.prog in capsys.readouterr().out
 
 
+def test_serve_help_never_shows_the_api_key(monkeypatch, capsys):
+    monkeypatch.setenv("SPECC_API_KEY", "s3cret-key")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "s3cret-key" not in capsys.readouterr().out
+
+
 def test_compile_help_marks_required_fields_and_k_auto(capsys):
     with pytest.raises(SystemExit):
         main(["compile", "--help"])

@@ -18,8 +18,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if (not action.option_strings or default in (None, False, argparse.SUPPRESS) or "default" in text
-                or isinstance(action, argparse._StoreConstAction)):
+        if not action.option_strings or default in (None, False, argparse.SUPPRESS) or "default" in text:
             return text
         shown = "%(default)s" if not isinstance(default, (list, tuple)) else ", ".join(map(str, default))
         return f"{text} (default: {shown})"

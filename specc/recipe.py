@@ -350,7 +350,8 @@ def describe_schema(cls: type = Recipe, prefix: str = "") -> list[str]:
             lines.append(f"  {path}: {meta['help']}")
             lines.extend(describe_schema(tp, path + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else None
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         # a field typed without None whose default is None has no usable default: the recipe must set it
         required = default is None and type(None) not in typing.get_args(tp)
         shown = "required" if required else f"default {default!r}"

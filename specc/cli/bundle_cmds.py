@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import add_json, add_trust, add_verify, deprecated_alias, json_file, k_value
+from .parser import RawEpilogHelpFormatter, add_json, add_trust, add_verify, deprecated_alias, json_file, k_value
 from .run_cmds import write_json
 
 
@@ -104,7 +104,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
 def add_compile_parser(sub) -> None:
     """Register compile (first in `specc --help`: every other command starts from its bundle)."""
     p = sub.add_parser("compile", help="build a bundle from a recipe", description="Build a bundle from a recipe.",
-                       epilog_factory=_recipe_help)
+                       epilog_factory=_recipe_help, formatter_class=RawEpilogHelpFormatter)
     p.add_argument("recipe", type=Path, help="recipe YAML file")
     p.add_argument("-o", "--output", type=Path, help="bundle directory (default: the recipe's output)")
     p.add_argument("--dump-graphs", type=Path, metavar="DIR", help="write each graph's summary and code after the passes here")

@@ -11,9 +11,9 @@ from pathlib import Path
 JSON_STDOUT = "-"
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs kept as written; an option's default appended to its help where it has one
-    (not None or False) and the help does not already say what the default is."""
+class HelpFormatter(argparse.HelpFormatter):
+    """An option's default appended to its help where it has one (not None or False) and the help does
+    not already say what the default is."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -22,6 +22,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         shown = "%(default)s" if not isinstance(default, (list, tuple)) else ", ".join(map(str, default))
         return f"{text} (default: {shown})"
+
+
+class RawEpilogHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter keeping the description and epilog as written (compile's table of recipe fields)."""
 
 
 def suggest(word: str, choices) -> str:

@@ -221,7 +221,7 @@ def model_gguf(source: str) -> Path | None:
 
 
 def goal_lines(results: dict) -> list[str]:
-    """Same-run ratios the issue's goal names: specc speculative vs llama.cpp target-only and speculative,
+    """Same-run ratios a user choosing between the two asks for: specc speculative vs llama.cpp target-only and speculative,
     and vs specc's own (quantised) target-only."""
     systems = results["systems"]
 

@@ -221,8 +221,8 @@ def model_gguf(source: str) -> Path | None:
 
 
 def goal_lines(results: dict) -> list[str]:
-    """Same-run ratios a user choosing between the two asks for: specc speculative vs llama.cpp target-only and speculative,
-    and vs specc's own (quantised) target-only."""
+    """Same-run ratios a user choosing between the two asks for: specc speculative vs llama.cpp
+    target-only and speculative, and vs specc's own (quantised) target-only."""
     systems = results["systems"]
 
     def best(pred) -> tuple[str, float] | None:

@@ -230,7 +230,7 @@ def test_wrong_invocations_answer_without_importing_torch(args, tmp_path):
 def test_catalog_pins_every_checksum_and_names_every_source():
     import dataclasses
 
-    from specc.models.catalog import CATALOG, CatalogModel
+    from specc.models.catalog import CATALOG
 
     for model in CATALOG.values():
         assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0

@@ -112,6 +112,7 @@ def paths(tmp_path) -> dict[str, Path]:
 
 WRONG = [
     (["bench", "{bundle}", "--prompts", "{tmp}/missing.jsonl"], "prompts file {tmp}/missing.jsonl does not exist"),
+    (["bench", "{bundle}", "--prompts", "{tmp}"], "prompts file {tmp} is a directory"),
     (["bench", "{bundle}", "--prompts", "{prompts}", "--compare", "llamacpp"], "pip install 'specc[llamacpp]'"),
     (["bench", "{tmp}/nope", "--prompts", "{prompts}"], "bundle {tmp}/nope does not exist"),
     (["bench", "{bundle}", "--prompts", "{prompts}", "--json", "{tmp}"], "a directory"),

@@ -29,7 +29,8 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
     (in plain lines the escapes \\n, \\t and \\\\ stand for a newline, a tab and a backslash)."""
     path = Path(path)
     if not path.is_file():
-        raise SpeccError(f"prompts file {path} does not exist")
+        raise SpeccError(f"prompts file {path} {'is a directory' if path.is_dir() else 'does not exist'}; allowed "
+                         "a file of JSON lines or one prompt per line")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

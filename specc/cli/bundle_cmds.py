@@ -101,7 +101,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_compile_parser(sub) -> None:
+def add_compile_parser(sub: argparse._SubParsersAction) -> None:
     """Register compile (first in `specc --help`: every other command starts from its bundle)."""
     p = sub.add_parser("compile", help="build a bundle from a recipe", description="Build a bundle from a recipe.",
                        epilog_factory=_recipe_help, formatter_class=RawEpilogHelpFormatter)
@@ -112,7 +112,7 @@ def add_compile_parser(sub) -> None:
     p.set_defaults(func=cmd_compile)
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register inspect, serve, triton, doctor, trt-check and passes."""
     p = sub.add_parser("inspect", help="show a bundle's manifest", description="Show a bundle's manifest.")
     p.add_argument("bundle", type=Path, help="bundle directory (`specc compile`)")

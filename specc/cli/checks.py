@@ -27,6 +27,7 @@ def input_file(path: Path | None, what: str) -> None:
 
 
 def input_dir(path: Path | None, what: str) -> None:
+    """A directory the command reads exists."""
     if path is not None and not path.is_dir():
         raise SpeccError(f"{what} {path} {'is not a directory' if path.exists() else 'does not exist'}")
 
@@ -44,6 +45,7 @@ def output_file(path: Path | None, flag: str = "--json") -> None:
 
 
 def at_least(value: int | None, flag: str, low: int = 1) -> None:
+    """An integer option is at least `low` (None: not given, its default applies)."""
     if value is not None and value < low:
         raise SpeccError(f"{flag} {value}: allowed an integer >= {low}")
 

@@ -41,6 +41,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `specc ARGV`; returns the exit code (a wrong invocation exits 2 from the parser)."""
     args = parse(argv)
     from .format import terminal_safe
 

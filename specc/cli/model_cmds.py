@@ -107,7 +107,7 @@ def cmd_train_exit_head(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register models, train-head and train-exit-head."""
     p = sub.add_parser("train-head", help="train a Medusa or EAGLE draft head on the recipe's target (CPU, self-distillation)",
                        description="Train a Medusa or EAGLE draft head on the recipe's target (CPU, self-distillation); "

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import NoReturn
 
 # `--json` without a FILE: the JSON goes to stdout
 JSON_STDOUT = "-"
@@ -28,7 +30,7 @@ class RawEpilogHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter
     """HelpFormatter keeping the description and epilog as written (compile's table of recipe fields)."""
 
 
-def suggest(word: str, choices) -> str:
+def suggest(word: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest of choices, or ''."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
@@ -72,7 +74,7 @@ class SpeccParser(argparse.ArgumentParser):
         self.error(f"unrecognized argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}{hint}; "
                    f"`{self.prog} --help` lists the options")
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         if "the following arguments are required" in message and _json_took_a_positional(self._argv):
             message += "; --json takes an optional FILE, so write it after the positional arguments (or --json=-)"
         self.print_usage(sys.stderr)
@@ -122,6 +124,7 @@ def add_json(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
+    """--max-new-tokens, --temperature, --top-k, --top-p, --seed."""
     p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the recipe's)")
     p.add_argument("--top-k", type=int, default=None,
@@ -133,15 +136,18 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def add_seed(p: argparse.ArgumentParser) -> None:
+    """--seed."""
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling (the same seed repeats a sampled run)")
 
 
 def add_verify(p: argparse.ArgumentParser) -> None:
+    """--no-verify."""
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files "
                    "(sizes and the file listing are still checked)")
 
 
 def add_prompts(p: argparse.ArgumentParser) -> None:
+    """--prompt, --prompts FILE, --chat, and the bundle flags of commands that run prompts."""
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--prompts", type=Path, metavar="FILE",
                    help="file: JSON lines {\"prompt\": ..., \"chat\": bool} or one prompt per line")
@@ -151,6 +157,7 @@ def add_prompts(p: argparse.ArgumentParser) -> None:
 
 
 def add_trust(p: argparse.ArgumentParser) -> None:
+    """--expect-id, --trust-code."""
     p.add_argument("--expect-id", metavar="ID", help="refuse the bundle unless its id (`specc inspect`) is ID")
     p.add_argument("--trust-code", action="store_true", help="allow backends that run code from the bundle "
                    "(aoti shared objects, torch_tensorrt pickles); see docs/security.md")
@@ -163,4 +170,5 @@ def json_file(args: argparse.Namespace) -> Path | None:
 
 
 def json_to_stdout(args: argparse.Namespace) -> bool:
+    """Whether `--json` was given without a FILE."""
     return getattr(args, "json", None) == JSON_STDOUT

@@ -217,13 +217,15 @@ def main() -> int:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(32, concurrency))")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="max_tokens of every request")
+    # the earlier name, hidden: commands written with it keep working
+    ap.add_argument("--max-tokens", type=int, dest="max_new_tokens", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ap.add_argument("--code", type=int, default=16, help="code prompts (specc.bench.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
     ap.add_argument("--k", type=int, default=None, help="the fixed k compared (default: the recipe's)")
     ap.add_argument("--modes", nargs="+", default=["auto", "fixed", "none"], choices=["auto", "fixed", "none"])
     ap.add_argument("--warmup", type=int, default=4,
-                    help="requests (of max-tokens each) every server answers before the levels (0: one of 8 tokens)")
+                    help="requests (of --max-new-tokens each) every server answers before the levels (0: one of 8 tokens)")
     ap.add_argument("--slices", type=int, default=2,
                     help="a level runs in up to this many slices of at least its concurrency in requests, the modes "
                          "taking turns in an order reversed every slice; from 3 slices on, each pair of modes is also "
@@ -241,7 +243,7 @@ def main() -> int:
     want = {}
     for chat in (False, True):
         chosen = [it for it in items if bool(it.get("chat")) == chat]
-        done = model.generate([it["prompt"] for it in chosen], chat=chat, max_new_tokens=args.max_tokens,
+        done = model.generate([it["prompt"] for it in chosen], chat=chat, max_new_tokens=args.max_new_tokens,
                               speculative=False, temperature=0.0)
         want.update({(it["prompt"], chat): c.text for it, c in zip(chosen, done)})
     items = [{"prompt": it["prompt"], "chat": bool(it.get("chat"))} for it in items]
@@ -256,7 +258,7 @@ def main() -> int:
         # drafter's acceptance long before; a fresh one learns them over its first few hundred rounds
         warmup = [Task("ok", items[i % len(items)]) for i in range(max(args.warmup, 1))]
         for mode, (_, url) in servers.items():
-            asyncio.run(run_level(url, mode, 1, warmup, args.max_tokens if args.warmup else 8, {}))
+            asyncio.run(run_level(url, mode, 1, warmup, args.max_new_tokens if args.warmup else 8, {}))
         offset = 0
         for c in args.concurrency:
             n = args.requests or max(32, c)
@@ -274,7 +276,7 @@ def main() -> int:
             levels: dict[str, Level] = {}
             for i, part in enumerate(parts):
                 for mode, (_, url) in (order if i % 2 == 0 else order[::-1]):
-                    level = asyncio.run(run_level(url, mode, c, part, args.max_tokens, want))
+                    level = asyncio.run(run_level(url, mode, c, part, args.max_new_tokens, want))
                     levels.setdefault(mode, Level(mode, c, 0.0))
                     levels[mode].seconds += level.seconds
                     levels[mode].results += level.results
@@ -307,7 +309,7 @@ def main() -> int:
     if args.json:
         ks = {mode: [line for line in text.splitlines() if line.startswith("specc:spec_decode_k_bucket")]
               for mode, text in metrics.items()}
-        args.json.write_text(json.dumps({"bundle": str(args.bundle), "max_tokens": args.max_tokens, "rows": rows,
+        args.json.write_text(json.dumps({"bundle": str(args.bundle), "max_tokens": args.max_new_tokens, "rows": rows,
                                          "k_histogram": ks, "table": table}, indent=2))
     return 1 if problems else 0
 

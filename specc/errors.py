@@ -7,11 +7,12 @@ class SpeccError(Exception):
 
 
 class RecipeError(SpeccError):
-    """A recipe field is missing, of the wrong type, or out of range."""
+    """A recipe field is missing, of the wrong type, or out of range; path "<file>": the recipe file
+    itself cannot be read (the problem names the file)."""
 
     def __init__(self, path: str, problem: str):
         self.path = path
-        super().__init__(f"recipe field '{path}': {problem}")
+        super().__init__(f"recipe file: {problem}" if path == "<file>" else f"recipe field '{path}': {problem}")
 
 
 class ModelError(SpeccError):

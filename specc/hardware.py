@@ -58,5 +58,5 @@ def describe(info: dict) -> list[str]:
                                       "than float32 here"),
             "  int8 dot products: " + ("native (VNNI/AMX or Arm dot product)" if info["int8_dot_product"] else
                                        "none (no VNNI/AMX): each verify row of an int4 or int8-gemm target is expensive "
-                                       "(AVX2: ~1/3 of a decode pass, docs/quantization.md), so short chains pay best: "
+                                       "(a sizeable part of a decode pass, docs/quantization.md), so short chains pay best: "
                                        "let specc tune pick k, and try draft.stop_below")]

@@ -353,10 +353,15 @@ def describe_schema(cls: type = Recipe, prefix: str = "") -> list[str]:
             lines.append(f"  {path}: {meta['help']}")
             lines.extend(describe_schema(tp, path + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        allowed = f" [{'|'.join(map(str, meta['choices']))}]" if meta.get("choices") else ""
-        rng = ""
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        # a field typed without None whose default is None has no usable default: the recipe must set it
+        required = default is None and type(None) not in typing.get_args(tp)
+        shown = "required" if required else f"default {default!r}"
+        allowed = list(map(str, meta.get("choices") or ()))
         if meta.get("lo") is not None or meta.get("hi") is not None:
-            rng = f" [{meta.get('lo', '')}..{meta.get('hi') if meta.get('hi') is not None else ''}]"
-        lines.append(f"  {path} (default {default!r}){allowed}{rng}: {meta['help']}")
+            allowed.append(f"{'' if meta.get('lo') is None else meta['lo']}..{'' if meta.get('hi') is None else meta['hi']}")
+        allowed += map(str, meta.get("also") or ())
+        values = f" [{'|'.join(allowed)}]" if allowed else ""
+        lines.append(f"  {path} ({shown}){values}: {meta['help']}")
     return lines

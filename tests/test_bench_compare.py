@@ -71,7 +71,7 @@ def test_compare_hf_with_prompt_lookup_skips_assisted(bundles, prompts, tmp_path
 
 
 def test_compare_hf_needs_batch_one(bundles, prompts, capsys):
-    assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--compare", "hf", "--batch-size", "2"]) == 2
+    assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--compare", "hf", "--max-batch", "2"]) == 2
     assert "specc: error: --compare hf measures batch 1" in capsys.readouterr().err
 
 

@@ -86,6 +86,20 @@ def test_bench_writes_json(cli_bundle, tmp_path, capsys):
         assert s["outputs_equal"] == "2/2" and s["tokens_per_second"] > 0
 
 
+def test_json_alone_prints_to_stdout_and_json_file_writes_the_file(cli_bundle, tmp_path, capsys):
+    """One convention: `--json` puts the JSON alone on stdout (tables go to stderr), `--json FILE` writes it."""
+    assert main(["bench", str(cli_bundle), "--prompt", "def f(x):", "--max-new-tokens", "6", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["systems"]["specc target-only"]["outputs_equal"] == "1/1" and "specc target-only" in err
+    assert main(["generate", str(cli_bundle), "--prompt", "abc", "--max-new-tokens", "6", "--json", str(tmp_path / "g.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "--- [0] 'abc'" in out and "tokens/s" in err
+    assert len(json.loads((tmp_path / "g.json").read_text())["completions"]) == 1
+    assert main(["inspect", str(cli_bundle), "--json", str(tmp_path / "i.json")]) == 0
+    assert "graph target" in capsys.readouterr().out
+    assert json.loads((tmp_path / "i.json").read_text())["id"].startswith("sha256:")
+
+
 def test_bench_warms_k_auto_up_on_prompts_outside_the_benchmark(cli_bundle, tmp_path, monkeypatch):
     """k auto's policy learns from every call: before it is timed it answers the warm-up prompts at the
     run's token budget, as a running server has answered earlier requests; fixed k is not warmed so."""
@@ -129,7 +143,7 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens 0: allowed an integer >= 1"),
     (["generate", "{bundle}", "--prompt", ""], "prompt 0 is empty"),
     (["generate", "{bundle}", "--prompt", "x", "--max-new-tokens", "500"], "above this bundle's max_context 128"),
     (["generate", "{bundle}", "--prompt", "x", "--temperature", "-1"], "temperature must be a number in [0, 100]"),

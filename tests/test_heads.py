@@ -228,7 +228,7 @@ def test_recipe_needs_a_head_for_head_methods():
 
 
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--steps", "-1"], ["--batch-seqs", "0"], ["--eval-every", "0"],
-                                 ["--heads", "0"], ["--draft-vocab", "-5"], ["--new-tokens", "0"], ["--prompts", "0"],
+                                 ["--heads", "0"], ["--draft-vocab", "-5"], ["--new-tokens", "0"], ["--num-prompts", "0"],
                                  ["--unroll", "0"], ["--lr", "2"]])
 def test_train_head_refuses_bad_settings_before_loading_the_target(tmp_path, monkeypatch, capsys, bad):
     import specc.models.load
@@ -317,7 +317,7 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
-    args = ["train-head", str(recipe), "--kind", kind, "--prompts", "10", "--new-tokens", "12", "--eval-every", "2",
+    args = ["train-head", str(recipe), "--kind", kind, "--num-prompts", "10", "--new-tokens", "12", "--eval-every", "2",
             "--draft-vocab", "64", "-o", str(tmp_path / "head")]
     assert main(args + ["--steps", "2", "--unroll", "0"]) == 2  # a clear error, before any data is built
     assert main(args + ["--steps", "2", "--lr", "-1"]) == 2
@@ -341,9 +341,9 @@ def test_train_head_trains_resumes_and_writes_a_card(target, tmp_path, monkeypat
     assert torch.equal(ckpt["draft_vocab"], saved["draft_vocab"])
 
     # a second data set: only its prompts are answered, training resumes with the head's own draft vocabulary
-    assert main(args + ["--prompts", "10", "--steps", "5", "--draft-vocab", "32"]) == 2  # not the head's vocabulary
+    assert main(args + ["--num-prompts", "10", "--steps", "5", "--draft-vocab", "32"]) == 2  # not the head's vocabulary
     capsys.readouterr()
-    assert main(args + ["--prompts", "10", "--steps", "5"]) == 0
+    assert main(args + ["--num-prompts", "10", "--steps", "5"]) == 0
     assert "set 2/2: target answers" in capsys.readouterr().err  # which set the progress bar is on
     card = json.loads((tmp_path / "head" / "card.json").read_text())
     first, second = card["data"]["sets"]
@@ -377,7 +377,7 @@ def test_init_target_starts_the_eagle_layer_as_the_targets_last(target, tmp_path
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"target:\n  model: {target[0]}\ndraft:\n  method: prompt_lookup\n")
-    args = ["train-head", str(recipe), "--prompts", "10", "--new-tokens", "8", "--steps", "2", "--init", "target"]
+    args = ["train-head", str(recipe), "--num-prompts", "10", "--new-tokens", "8", "--steps", "2", "--init", "target"]
     assert main(args + ["--kind", "medusa", "-o", str(tmp_path / "m")]) == 2  # a clear error, before any data
     for kind in ("eagle", "eagle3"):
         assert main(args + ["--kind", kind, "-o", str(tmp_path / kind)]) == 0
@@ -420,7 +420,7 @@ def test_trained_eagle3_head_loads_compiles_and_stays_lossless(target, tmp_path,
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
-    assert main(["train-head", str(recipe), "--kind", "eagle3", "--prompts", "8", "--new-tokens", "10", "--steps", "3",
+    assert main(["train-head", str(recipe), "--kind", "eagle3", "--num-prompts", "8", "--new-tokens", "10", "--steps", "3",
                  "--draft-vocab", "0", "-o", str(tmp_path / "head")]) == 0
     head, cfg = load_head(tmp_path / "head", hf)
     assert isinstance(head, Eagle3Head) and cfg["kind"] == "eagle" and head.feature_layers == (0, 0, 0)
@@ -621,7 +621,7 @@ def test_round_acceptance_counts_rounds_as_a_greedy_run_does(monkeypatch):
 
 
 def test_consecutive_data_sets_take_prompts_after_the_earlier_sets():
-    """`--prompts 5 --prompts 5 --prompts 5`: three sets whose prompts are disjoint and together are the
+    """`--num-prompts 5 --num-prompts 5 --num-prompts 5`: three sets whose prompts are disjoint and together are the
     prompts of one set as large (odd counts too); the first set's cache key is the one-set key."""
     from specc.training.head_data import DataConfig, text_windows, training_prompts
     from specc.training.heads import consecutive_sets
@@ -706,7 +706,7 @@ def test_train_head_in_bfloat16_keeps_its_own_data_and_float32_weights(target, t
     monkeypatch.setenv("SPECC_CACHE", str(tmp_path / "cache"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"target:\n  model: {path}\ndraft:\n  method: prompt_lookup\n")
-    args = ["train-head", str(recipe), "--kind", "eagle", "--prompts", "10", "--new-tokens", "8", "--steps", "2",
+    args = ["train-head", str(recipe), "--kind", "eagle", "--num-prompts", "10", "--new-tokens", "8", "--steps", "2",
             "--draft-vocab", "64"]
     assert main(args + ["--dtype", "bfloat16", "-o", str(tmp_path / "bf16")]) == 0
     assert "--dtype bfloat16 is emulated here" in capsys.readouterr().err
@@ -788,10 +788,10 @@ def test_train_head_with_self_written_chat(target, tmp_path, monkeypatch, capsys
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"target:\n  model: {target[0]}\ndraft:\n  method: prompt_lookup\n")
     args = ["train-head", str(recipe), "--kind", "eagle", "--new-tokens", "6", "--steps", "2", "-o", str(tmp_path / "h")]
-    assert main(args + ["--prompts", "8:nonsense"]) == 2 and "N:self" in capsys.readouterr().err
-    assert main(args + ["--prompts", "8:self", "--source", "text"]) == 2
+    assert main(args + ["--num-prompts", "8:nonsense"]) == 2 and "N:self" in capsys.readouterr().err
+    assert main(args + ["--num-prompts", "8:self", "--source", "text"]) == 2
     assert not (tmp_path / "cache").exists()  # both refused before anything was built
-    assert main(args + ["--prompts", "8", "--prompts", "8:self"]) == 0
+    assert main(args + ["--num-prompts", "8", "--num-prompts", "8:self"]) == 0
     first, second = json.loads((tmp_path / "h" / "card.json").read_text())["data"]["sets"]
     assert (first["chat"], second["chat"], second["sequences"]) == ("grid", "self", 8)
     assert len(json.loads(next((tmp_path / "cache" / "heads").glob("*.questions.json")).read_text())) == 4

@@ -566,7 +566,7 @@ CLI_CASES = [
     (["generate", "{ort}", "--prompts", "{surrogate}"], "not valid Unicode"),
     (["generate", "{ort}", "--prompts", "{tmp}"], "does not exist"),
     (["compile", "{binary}"], "is not UTF-8 text"),
-    (["compile", "{tmp}"], "does not exist or is not a file"),
+    (["compile", "{tmp}"], "does not exist"),
     (["compile", "{nan_recipe}"], "sampling.temperature': expected a finite number"),
     (["compile", "{topp_recipe}"], "sampling.top_p': 0.0 keeps no token"),
     (["compile", "{intkeys_recipe}"], "unknown field"),

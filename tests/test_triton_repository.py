@@ -164,7 +164,7 @@ def test_docs_list_the_inputs_and_outputs():
 
 def test_cli_writes_and_protects_repositories(bundles, tmp_path, capsys):
     repo = tmp_path / "repo"
-    assert main(["triton", str(bundles["draft"]), "--repo", str(repo), "--name", "spec", "--default-max-tokens", "32"]) == 0
+    assert main(["triton", str(bundles["draft"]), "--repo", str(repo), "--name", "spec", "--max-new-tokens", "32"]) == 0
     out = capsys.readouterr().out
     assert "spec " in out and "tritonserver --model-repository" in out
     assert configs(repo)["spec"].parameters["default_max_tokens"].string_value == "32"

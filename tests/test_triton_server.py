@@ -113,7 +113,7 @@ def test_concurrent_streams_equal_specc_generate_and_bad_requests_fail_alone(in_
 def test_example_client_script(in_process_server, reference):
     run = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "triton" / "stream_client.py"), "--url", in_process_server.grpc_url,
-         "--model", "spec", "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--max-tokens", str(MAX_TOKENS), "--json"],
+         "--model", "spec", "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--max-new-tokens", str(MAX_TOKENS), "--json"],
         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     results = json.loads(run.stdout)

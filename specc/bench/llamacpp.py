@@ -39,9 +39,8 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
 
     llama.cpp's OpenMP threads wait as its users get them: OMP_WAIT_POLICY as set when the process
     started (libgomp reads it once, when torch loads it), by default spinning a while between
-    operators like specc's own ONNX Runtime pool. Passive waits (OMP_WAIT_POLICY=passive, which earlier
-    benchmark runs set) made llama.cpp 1.4x (target-only) to 1.6x (speculative) slower on the Qwen pair
-    here (docs/benchmarks.md)."""
+    operators like specc's own ONNX Runtime pool. Passive waits (OMP_WAIT_POLICY=passive) slow
+    llama.cpp down markedly, so a fair comparison leaves the policy at its default."""
     try:
         import llama_cpp.llama_cpp as lib
         from llama_cpp import Llama
@@ -86,11 +85,11 @@ def _repack_overrides(lib, gguf: str | Path):
     """llama.cpp's weight repacking without its AMX buffer type, as a NULL-terminated override array (or None).
 
     llama.cpp loads weights into its "extra" CPU buffer types by default: AMX tiles first where the CPU
-    reports AMX, then CPU_REPACK. This machine reports AMX_INT8, but the VM does not grant tile state and
-    llama.cpp's AMX matmul segfaults on the first decode. So extra buffer types are turned off and the
-    tensors CPU_REPACK handles are placed there explicitly: repacking was worth +11% decode speed on the
-    Qwen2.5-Coder-1.5B Q4_K_M here, with identical greedy output. SPECC_LLAMACPP_EXTRA_BUFFERS=1 keeps
-    llama.cpp's own choice (for machines where AMX works)."""
+    reports AMX, then CPU_REPACK. A virtual machine can report AMX without granting tile state, and
+    llama.cpp's AMX matmul then segfaults on the first decode. So extra buffer types are turned off and
+    the tensors CPU_REPACK handles are placed there explicitly: repacking speeds decoding up and leaves
+    greedy output unchanged. SPECC_LLAMACPP_EXTRA_BUFFERS=1 keeps llama.cpp's own choice (for machines
+    where AMX works)."""
     from gguf import GGUFReader
 
     base = Path(lib.__file__).parent / "lib"
@@ -198,8 +197,8 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
     target_only = open_llama(target_gguf, threads, n_ctx)
     common["repacked_tensors"] = target_only.specc_repacked
     systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, target_only, eos_ids, settings=common)]
-    # speculative verify reads the logits of every drafted position (logits_all), which costs target-only decoding
-    # ~4% here (the LM head over every prompt token), so target-only has its own Llama without it
+    # speculative verify reads the logits of every drafted position (logits_all), which slows target-only decoding
+    # (the LM head runs over every prompt token), so target-only has its own Llama without it
     llm = open_llama(target_gguf, threads, n_ctx, logits_all=True)
     if draft_gguf is not None:
         draft_llm = open_llama(draft_gguf, threads, n_ctx)
@@ -222,8 +221,8 @@ def model_gguf(source: str) -> Path | None:
 
 
 def goal_lines(results: dict) -> list[str]:
-    """Same-run ratios the issue's goal names: specc speculative vs llama.cpp target-only and speculative,
-    and vs specc's own (quantised) target-only."""
+    """Same-run ratios a user choosing between the two asks for: specc speculative vs llama.cpp
+    target-only and speculative, and vs specc's own (quantised) target-only."""
     systems = results["systems"]
 
     def best(pred) -> tuple[str, float] | None:

@@ -29,7 +29,8 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
     (in plain lines the escapes \\n, \\t and \\\\ stand for a newline, a tab and a backslash)."""
     path = Path(path)
     if not path.is_file():
-        raise SpeccError(f"prompts file {path} does not exist")
+        raise SpeccError(f"prompts file {path} {'is a directory' if path.is_dir() else 'does not exist'}; allowed "
+                         "a file of JSON lines or one prompt per line")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -268,6 +269,21 @@ def _by_kind(per_prompt: list[dict]) -> dict[str, float] | None:
     return {k: n / s if s else None for k, (n, s) in kinds.items()}
 
 
+def check_bench_settings(repeats: int, batch_size: int, stop_below: list[float], compare: str | None) -> None:
+    """Refuse settings run_bench cannot measure; cheap, so the command line calls it before loading bundles."""
+    if repeats < 1:
+        raise SpeccError(f"--repeats {repeats}: allowed an integer >= 1")
+    if batch_size < 1:
+        raise SpeccError(f"--max-batch {batch_size}: allowed an integer >= 1")
+    if bad := [p for p in stop_below if not is_probability(p)]:
+        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
+    if compare not in (None, "hf", "llamacpp"):
+        raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")
+    if compare and batch_size != 1:
+        raise SpeccError(f"--compare {compare} measures batch 1 (the baselines take one prompt at a time); "
+                         "drop --max-batch")
+
+
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int | str] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
               compare: str | None = None, progress: bool = True, llamacpp: dict | None = None,
@@ -284,15 +300,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     """
     from .report import summary_table, write_outputs
 
-    if repeats < 1 or batch_size < 1:
-        raise SpeccError("--repeats and --batch-size must be >= 1")
-    if bad := [p for p in stop_below if not is_probability(p)]:
-        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
-    if compare not in (None, "hf", "llamacpp"):
-        raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")
-    if compare and batch_size != 1:
-        raise SpeccError("--compare hf measures batch 1 (transformers' assisted generation takes one prompt at a time); "
-                         "drop --batch-size")
+    check_bench_settings(repeats, batch_size, stop_below, compare)
     targets = {m.bundle.manifest.models["target"] for m in models}
     if len(targets) > 1:
         raise SpeccError(f"bundles compare only against one shared target; these have {sorted(targets)}")

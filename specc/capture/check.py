@@ -52,10 +52,9 @@ def describe(source: str, report: CheckReport) -> str:
     return "\n".join(lines + [f"  {fact}" for fact in report.facts])
 
 
-# Compiled checks behind the table, run by hand on 2026-12-01: the heavy matrix of
-# tests/test_model_families.py (`-m heavy -k matrix`: every family with every drafter on every CPU
-# backend; the int8 self-draft is ONNX Runtime only) and the default run's compiled tests.
-# Each: speculative greedy == target-only greedy == Hugging Face greedy over 8 prompts.
+# Compiled checks behind the table: the heavy matrix of tests/test_model_families.py (`-m heavy -k matrix`:
+# every family with every drafter on every CPU backend; the int8 self-draft is ONNX Runtime only) and the
+# default run's compiled tests. Each: speculative greedy == target-only greedy == Hugging Face greedy.
 MATRIX = "every drafter x ORT, torch, AOTI"
 COMPILED_CHECKS: dict[str, str] = {name: MATRIX for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite", "olmo2", "smollm3", "starcoder2",

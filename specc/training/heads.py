@@ -391,10 +391,10 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Pa
     if cfg.dtype not in DTYPES or any(d.dtype not in DTYPES for d in data_cfgs):
         raise SpeccError(f"--dtype {cfg.dtype!r}: allowed {', '.join(DTYPES)}")
     if not data_cfgs or any(d.n_code < 0 or d.n_chat < 0 or d.n_code + d.n_chat < 1 for d in data_cfgs):
-        raise SpeccError(f"--prompts {[d.n_code + d.n_chat for d in data_cfgs]}: allowed one or more counts >= 1")
+        raise SpeccError(f"--num-prompts {[d.n_code + d.n_chat for d in data_cfgs]}: allowed one or more counts >= 1")
     for d in data_cfgs:
         if d.chat not in CHATS or (d.chat == "self" and d.source != "answers"):
-            raise SpeccError(f"--prompts {d.n_code + d.n_chat}:{d.chat} with --source {d.source}: allowed N (chat "
+            raise SpeccError(f"--num-prompts {d.n_code + d.n_chat}:{d.chat} with --source {d.source}: allowed N (chat "
                              "prompts from the topic x template grid) or N:self (user messages the target writes "
                              "itself; --source answers)")
     if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
@@ -463,7 +463,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
     data_seconds = time.perf_counter() - t0
     n = data["tokens"].shape[0]
     if n < 4:
-        raise SpeccError(f"only {n} training sequences; raise --prompts")
+        raise SpeccError(f"only {n} training sequences; raise --num-prompts")
     in_set = torch.cat([torch.arange(p["tokens"].shape[0]) for p in parts])
     held = torch.arange(n)[in_set % 10 == 9]  # every tenth sequence of each set is held out
     train = torch.arange(n)[in_set % 10 != 9]

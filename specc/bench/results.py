@@ -19,6 +19,9 @@ Markdown files cite runs through marked regions, which `specc report --write` fi
     <!-- results:RUN date -->2026-12-05<!-- /results -->
 
 RUN is a results file's stem; `RUN1,RUN2` gives the range over several runs (`1.32-1.41x`).
+
+`<!-- generated:recipe-schema -->...<!-- /generated -->` holds the recipe reference, rendered from
+the schema (`specc.recipe.describe_schema`, what `specc compile --help` prints) by the same command.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from ..errors import SpeccError
 
 REGION = re.compile(r"<!-- results:(?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
 VIEWS = ("table", "ratio", "tok/s", "equal", "machine", "date")
+GENERATED = re.compile(r"<!-- generated:(?P<spec>[\w-]+) -->(?P<body>.*?)<!-- /generated -->", re.DOTALL)
+FIELD = re.compile(r"^\s*(?P<path>[\w.]+)(?: \((?P<default>[^)]*)\))?(?P<allowed>(?: \[[^\]]*\])*): (?P<help>.*)$")
 
 
 def slug(name: str) -> str:
@@ -199,9 +204,44 @@ def render_region(spec: str, runs: dict[str, dict]) -> str:
     return distinct[0] if len(distinct) == 1 else "; ".join(distinct)
 
 
+def recipe_reference() -> str:
+    """Every recipe field as Markdown tables, one per section, from the schema `specc compile --help` prints."""
+    from ..recipe import describe_schema
+
+    out, rows = [], []
+
+    def flush():
+        if rows:
+            out.extend(["", "| field | default | allowed | meaning |", "|---|---|---|---|", *rows])
+            rows.clear()
+
+    for line in describe_schema():
+        m = FIELD.match(line)
+        if not m:
+            rows.append(f"| | | | {line.strip()} |")
+            continue
+        path, default, allowed, help_ = m["path"], m["default"], m["allowed"], m["help"].replace("|", "\\|")
+        if default is None and not allowed:  # a section
+            flush()
+            out.extend(["", f"### `{path}`", "", help_[:1].upper() + help_[1:] + "."])
+            continue
+        default = default.removeprefix("default ").strip() if default else ""
+        allowed = " ".join(a.strip() for a in allowed.split("] [")).strip().strip("[]").replace("|", ", ")
+        rows.append(f"| `{path}` | {f'`{default}`' if default else ''} | {allowed} | {help_} |")
+    flush()
+    return "\n".join(out) + "\n"
+
+
+def _generated(spec: str) -> str:
+    if spec == "recipe-schema":
+        return recipe_reference()
+    raise SpeccError(f"unknown generated region {spec!r}; known: recipe-schema")
+
+
 def fill(text: str, runs: dict[str, dict]) -> str:
-    """text with every results region re-rendered from runs."""
-    return REGION.sub(lambda m: f"<!-- results:{m['spec']} -->{render_region(m['spec'], runs)}<!-- /results -->", text)
+    """text with every results region re-rendered from runs, and every generated region from the code."""
+    text = REGION.sub(lambda m: f"<!-- results:{m['spec']} -->{render_region(m['spec'], runs)}<!-- /results -->", text)
+    return GENERATED.sub(lambda m: f"<!-- generated:{m['spec']} -->{_generated(m['spec'])}<!-- /generated -->", text)
 
 
 def regions(text: str) -> list[str]:
@@ -246,12 +286,11 @@ def report(results_files: list[Path], write: list[Path] = (), check: list[Path] 
                 md.write_text(new)
                 print(f"written: {md}")
             continue
-        old_regions = {m.start(): m["body"] for m in REGION.finditer(text)}
-        new_bodies = [m["body"] for m in REGION.finditer(new)]
-        for (start, body), fresh, spec in zip(old_regions.items(), new_bodies, regions(text)):
-            if body != fresh:
-                line = text.count("\n", 0, start) + 1
-                stale.append(f"{md}:{line}: region 'results:{spec}' disagrees with its results file")
+        for pattern, kind in ((REGION, "results"), (GENERATED, "generated")):
+            for old, fresh in zip(pattern.finditer(text), pattern.finditer(new)):
+                if old["body"] != fresh["body"]:
+                    line = text.count("\n", 0, old.start()) + 1
+                    stale.append(f"{md}:{line}: region '{kind}:{old['spec']}' disagrees with what it is rendered from")
     if stale:
         raise SpeccError("\n".join(stale) + "\nrun `specc report docs/results/*.json --write FILE...` to re-render")
     return 0

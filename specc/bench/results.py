@@ -126,7 +126,7 @@ def _equal(run: dict, s: dict, bare: bool = False) -> str:
         return "-"
     ref = s.get("equality_reference")
     if not bare and ref and ref != run.get("reference"):
-        return f"{eq} (to {ref})"
+        return f"{eq} †"
     return eq
 
 
@@ -167,6 +167,10 @@ def table(run: dict) -> str:
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "|".join(c[2] for c in cols) + "|"]
     for s in systems:
         lines.append("| " + " | ".join(str(c[1](s)).replace("|", "\\|") for c in cols) + " |")
+    others = sorted({s["equality_reference"] for s in systems
+                     if s.get("equality_reference") and s["equality_reference"] != run.get("reference")})
+    if others:
+        lines += ["", "† equal to " + " / ".join(f"`{o}`" for o in others) + "'s output, not the reference's."]
     return "\n".join([f"*{caption(run)}*", ""] + lines)
 
 

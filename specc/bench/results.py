@@ -212,7 +212,7 @@ def recipe_reference() -> str:
     """Every recipe field as Markdown tables, one per section, from the schema `specc compile --help` prints."""
     from ..recipe import describe_schema
 
-    out, rows = [], []
+    out, rows, section = [], [], [""]
 
     def flush():
         if rows:
@@ -227,8 +227,13 @@ def recipe_reference() -> str:
         path, default, allowed, help_ = m["path"], m["default"], m["allowed"], m["help"].replace("|", "\\|")
         if default is None and not allowed:  # a section
             flush()
+            section[0] = path.split(".")[0]
             out.extend(["", f"### `{path}`", "", help_[:1].upper() + help_[1:] + "."])
             continue
+        if "." not in path and section[0] != "top":  # a top-level field after a section
+            flush()
+            section[0] = "top"
+            out.extend(["", "### Top-level fields" + (" (continued)" if "### Top-level fields" in out else "")])
         default = default.removeprefix("default ").strip() if default else ""
         allowed = " ".join(a.strip() for a in allowed.split("] [")).strip().strip("[]").replace("|", ", ")
         rows.append(f"| `{path}` | {f'`{default}`' if default else ''} | {allowed} | {help_} |")

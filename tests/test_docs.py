@@ -220,3 +220,15 @@ def test_code_carries_no_session_history():
     """Code comments explain the code; history and measurements belong in docs/results and CHANGELOG.md."""
     hits = _grep(r"[Ss]top [0-9]", ["specc"])
     assert not hits, "\n".join(hits)
+
+
+def test_relative_links_resolve():
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    broken = []
+    for p in markdown_files():
+        for target in link.findall(p.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (p.parent / target).exists():
+                broken.append(f"{p.relative_to(ROOT)} -> {target}")
+    assert not broken, broken

@@ -235,8 +235,9 @@ def recipe_reference() -> str:
             section[0] = "top"
             out.extend(["", "### Top-level fields" + (" (continued)" if "### Top-level fields" in out else "")])
         default = default.removeprefix("default ").strip() if default else ""
+        default = "**required**" if default == "required" else f"`{default}`" if default else ""
         allowed = " ".join(a.strip() for a in allowed.split("] [")).strip().strip("[]").replace("|", ", ")
-        rows.append(f"| `{path}` | {f'`{default}`' if default else ''} | {allowed} | {help_} |")
+        rows.append(f"| `{path}` | {default} | {allowed} | {help_} |")
     flush()
     return "\n".join(out) + "\n"
 
@@ -303,3 +304,19 @@ def report(results_files: list[Path], write: list[Path] = (), check: list[Path] 
     if stale:
         raise SpeccError("\n".join(stale) + "\nrun `specc report docs/results/*.json --write FILE...` to re-render")
     return 0
+
+
+def add_report_parser(sub) -> None:
+    """`specc report`, registered on the CLI's subparsers."""
+    p = sub.add_parser("report", help="render benchmark results (docs/results/*.json) into the Markdown that cites them",
+                       description="Print each results file's table, or fill the results regions of Markdown files "
+                                   "(--write), or check that they agree (--check: exit code 2 if not). "
+                                   "Regenerate the docs: specc report docs/results/*.json --write README.md docs/*.md")
+    p.add_argument("results", nargs="+", type=Path,
+                   help="results files (`specc bench --json` output, or docs/results/*.json)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--write", nargs="+", type=Path, metavar="MD",
+                     help="re-render the regions of these Markdown files in place (default: print every table)")
+    out.add_argument("--check", nargs="+", type=Path, metavar="MD",
+                     help="exit with code 2 if any region of these Markdown files disagrees with what it is rendered from")
+    p.set_defaults(func=lambda args: report(args.results, write=args.write or [], check=args.check or []))

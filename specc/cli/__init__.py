@@ -360,13 +360,9 @@ def _add_trust(p: argparse.ArgumentParser) -> None:
                    "(aoti shared objects, torch_tensorrt pickles); see docs/security.md")
 
 
-def _cmd_report(args) -> int:  # the work is in specc/bench/results.py
-    from ..bench.results import report
-
-    return report(args.results, write=args.write, check=args.check)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from ..bench.results import add_report_parser
+
     parser = argparse.ArgumentParser(prog="specc", description="Compile and run speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specc {__import__('specc').__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -559,15 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="adapter file (.safetensors); a .json report goes beside it")
     p.set_defaults(func=cmd_train_exit_head)
 
-    p = sub.add_parser("report", help="render benchmark results (docs/results/*.json) into the Markdown that cites them",
-                       description="Print each results file's table, or fill the <!-- results:RUN ... --> regions of "
-                                   "Markdown files (--write), or check that they agree (--check: exit code 2 if not).")
-    p.add_argument("results", nargs="+", type=Path, help="results files (`specc bench --json` output or docs/results/*.json)")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--write", nargs="+", type=Path, default=[], metavar="MD", help="re-render these files' regions in place")
-    out.add_argument("--check", nargs="+", type=Path, default=[], metavar="MD",
-                     help="exit with code 2 if any region of these files disagrees with its results file")
-    p.set_defaults(func=_cmd_report)
+    add_report_parser(sub)  # specc/bench/results.py
 
     p = sub.add_parser("models", help="the offline model catalog")
     msub = p.add_subparsers(dest="action", required=True)

@@ -23,7 +23,7 @@ FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 
 def markdown_files() -> list[Path]:
     """Every Markdown file git knows in the repository (tracked or not ignored)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"], cwd=ROOT,
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"], cwd=ROOT, check=False,
                          capture_output=True, text=True)
     if out.returncode != 0:  # not a git checkout: walk the tree, skipping environments
         return [p for p in ROOT.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
@@ -205,7 +205,7 @@ def test_report_command_exit_codes(tmp_path, capsys):
 
 
 def _grep(pattern: str, paths: list[str]) -> list[str]:
-    out = subprocess.run(["grep", "-rnE", pattern, *paths], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(["grep", "-rnE", pattern, *paths], cwd=ROOT, capture_output=True, text=True, check=False)
     return out.stdout.splitlines()
 
 

@@ -232,3 +232,12 @@ def test_relative_links_resolve():
             if not (p.parent / target).exists():
                 broken.append(f"{p.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+def test_mixed_16_is_the_first_half_of_each_kind_of_mixed_32():
+    """The 16-prompt set the Qwen results use: the first 8 code and first 8 chat prompts of mixed-32."""
+    prompts = ROOT / "examples" / "prompts"
+    rows = [json.loads(line) for line in (prompts / "mixed-32.jsonl").read_text().splitlines() if line.strip()]
+    expected = [r for r in rows if r["kind"] == "code"][:8] + [r for r in rows if r["kind"] == "chat"][:8]
+    got = [json.loads(line) for line in (prompts / "mixed-16.jsonl").read_text().splitlines() if line.strip()]
+    assert got == expected

@@ -241,3 +241,17 @@ def test_mixed_16_is_the_first_half_of_each_kind_of_mixed_32():
     expected = [r for r in rows if r["kind"] == "code"][:8] + [r for r in rows if r["kind"] == "chat"][:8]
     got = [json.loads(line) for line in (prompts / "mixed-16.jsonl").read_text().splitlines() if line.strip()]
     assert got == expected
+
+
+def test_recipe_reference_is_what_the_schema_generates():
+    """docs/recipes.md's reference is rendered from the schema `specc compile --help` prints; after a
+    schema change: specc report docs/results/*.json --write docs/recipes.md"""
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    assert "<!-- generated:recipe-schema -->" in text
+    assert results.fill(text, {}) == text
+    reference = results.recipe_reference()
+    from specc.recipe import describe_schema
+
+    for line in describe_schema():
+        path = line.strip().split(" ")[0].rstrip(":")
+        assert f"`{path}`" in reference, f"{path} missing from the reference"

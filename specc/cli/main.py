@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..errors import SpeccError
-from . import bundle_cmds, model_cmds, run_cmds
+from . import bundle_cmds, model_cmds, report_cmds, run_cmds
 from .parser import SpeccParser
 
 
@@ -18,6 +18,7 @@ def build_parser() -> SpeccParser:
     run_cmds.add_parsers(sub)
     bundle_cmds.add_parsers(sub)
     model_cmds.add_parsers(sub)
+    report_cmds.add_parsers(sub)
     return parser
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import build_bundle
 from heads_helpers import make_random_head, write_eagle3_checkpoint
 from lossless_checks import assert_greedy_lossless, token_prompts
-from specc.runtime.drafters import heads as head_drafters
+from specc.runtime.drafters import heads as head_drafters, loops as draft_loops
 from specc.speculation import sampling
 from specc.testing import make_tiny_model
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
@@ -63,11 +63,11 @@ def test_greedy_equals_target_only(head_bundles, name):
 def test_reranked_trees_greedy_equal_target_only(head_bundles, monkeypatch, name):
     """EAGLE-2 style: each level grows its 2 best nodes, 6 drafted, the 3 most likely verified; the
     rerank really prunes (trees of more than 3 nodes come to it) and output stays target-only's."""
-    from specc.runtime import scheduler
+    from specc.runtime import verifier
     from specc.speculation.tree import TreeShape
 
-    sizes, real = [], scheduler.rerank
-    monkeypatch.setattr(scheduler, "rerank", lambda t, n: sizes.append(t.size) or real(t, n))
+    sizes, real = [], verifier.rerank
+    monkeypatch.setattr(verifier, "rerank", lambda t, n: sizes.append(t.size) or real(t, n))
     _, bundles = head_bundles
     shape = TreeShape(None, depth=3, branching=2, max_nodes=6, verify_nodes=3)
     assert_greedy_lossless(bundles[name], token_prompts(8), batch=4, k=None, tree=shape)
@@ -132,12 +132,18 @@ def _uniform_q(choose):
     return wrong
 
 
+def _report_uniform_q(monkeypatch) -> None:
+    """Every head's drafts (Medusa's own loop, the shared chain loop of EAGLE) reported with a uniform q."""
+    for module in (head_drafters, draft_loops):
+        monkeypatch.setattr(module, "choose", _uniform_q(module.choose))
+
+
 @pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q")])  # EAGLE-3 drafts with the same code
 def test_broken_rule_is_caught(head_bundles, monkeypatch, name, broken):
     if broken == "accept_all":
         monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
     else:
-        monkeypatch.setattr(head_drafters, "choose", _uniform_q(head_drafters.choose))
+        _report_uniform_q(monkeypatch)
     target, bundles = head_bundles
     params = PARAMS[0]
     exact = exact_marginals(target, params)
@@ -164,7 +170,7 @@ def test_early_stops_greedy_equals_target_only(head_bundles):
 def test_early_stops_keep_the_target_distribution(head_bundles, monkeypatch, broken):
     """Sampled with early stops: the target's distribution; the same check fails for drafts reported with a wrong q."""
     if broken:
-        monkeypatch.setattr(head_drafters, "choose", _uniform_q(head_drafters.choose))
+        _report_uniform_q(monkeypatch)
     target, bundles = head_bundles
     params = PARAMS[1]
     exact = exact_marginals(target, params)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specc
-from specc.runtime import scheduler
+from specc.runtime import verifier
 from specc.speculation import sampling
 from specc.speculation.sampling import RowParams, SamplingParams, probs_from_logits, sample
 from specc.testing import derive_draft, make_tiny_model
@@ -177,7 +177,7 @@ def test_broken_acceptance_rule_is_caught(small_vocab, monkeypatch, mode):
     if mode == "chain":
         monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)
     else:
-        monkeypatch.setattr(scheduler, "accept_tree_sampled", _accept_first_child)
+        monkeypatch.setattr(verifier, "accept_tree_sampled", _accept_first_child)
     target, bundles = small_vocab
     params = PARAMS[0]
     exact = exact_marginals(target, params)

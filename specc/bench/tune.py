@@ -14,8 +14,8 @@ text carry long chains, so alpha pooled over a run at k_max overstates the first
 
 - c_t: one target decode step (1 token); c_v(k): one verify pass of k+1 tokens, measured for each
   k (on CPUs it grows with k); c_d: one draft step (model, quantised and early-exit drafters).
-  Each is the median time of the bundle's own target passes (`Target.decide`) and drafting
-  steps (`Drafter.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
+  Each is the median time of the bundle's own target passes (`Verifier.next_token`, `Verifier.chain`) and drafting
+  steps (`Priced.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
   kinds interleaved. Host work per round (acceptance outside the graph, KV commits, Python) is
   not in the model; the measured check shows it.
 - s_1..s_kmax: from a speculative run on the prompts at k = k_max with full chains: a round of k

@@ -10,7 +10,7 @@ rules run on it and every outcome is deterministic.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -186,7 +186,7 @@ class TableDrafter(Drafter):
         trees = []
         for b, seq in enumerate(batch.seqs):
             n = shape.depth
-            path, right = self.drafts(seq, n)
+            right = self.drafts(seq, n)[1]
             truth = continuation(seq.tokens, n + 1)
             tree, node = DraftTree([seq.tokens[-1]]), 0
             for level in range(n):

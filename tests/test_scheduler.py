@@ -14,6 +14,7 @@ from adaptive_helpers import FlippingK
 from fakes import (ALPHABET, ALWAYS_RIGHT, ALWAYS_WRONG, AcceptOneMore, FakeModel, TableDrafter, continuation,
                    expected, ragged, right)
 from specc.errors import RequestError
+from specc.methods import DraftMethod
 from specc.runtime.scheduler import Scheduler
 from specc.runtime.verifier import Verifier
 from specc.speculation.tree import TreeShape
@@ -333,10 +334,15 @@ def test_a_tree_commit_of_the_wrong_nodes_is_caught():
         drive(model, requests(model), tree=TREE)
 
 
-def test_a_chain_bundle_refuses_trees():
+def test_trees_need_a_tree_graph_and_a_drafter_of_trees():
+    """A target without the tree mask, or a drafter whose method row says no trees, refuses tree rounds."""
     model = FakeModel(TableDrafter(ALWAYS_RIGHT))
-    with pytest.raises(RequestError, match="tree"):
+    with pytest.raises(RequestError, match="speculation.mode tree"):
         Scheduler(model, tree=TREE)
+    chains = TableDrafter(ALWAYS_RIGHT)
+    chains.method = DraftMethod("chains", None, None)
+    with pytest.raises(RequestError, match="proposes chains"):
+        Scheduler(FakeModel(chains, tree=TREE), tree=TREE)
 
 
 # -- the planner ---------------------------------------------------------------------------------------
@@ -384,3 +390,39 @@ def test_noise_does_not_depend_on_the_batch():
         many.submit(model.request(i, [1], 4, 0.5, seed=seed))
     many.step()
     assert torch.equal(one.batch.noise(5)[0], many.batch.noise(5)[1])
+
+
+# -- prompt lookup in front of a drafter -------------------------------------------------------------------
+def _lookup_first(rule) -> tuple:
+    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from specc.runtime.drafters.base import with_method
+
+    inner = TableDrafter(rule)
+    return LookupFirstDrafter(with_method(PromptLookupDrafter(3, 1, 32), "prompt_lookup"), inner), inner
+
+
+def test_prompt_lookup_in_front_of_a_drafter():
+    """The real lookup drafter on the table's text (which repeats: its state is two tokens) in front of an always
+    wrong drafter: rounds where every row finds an n-gram are lookup's and count as such; output stays exact."""
+    drafter, inner = _lookup_first(ALWAYS_WRONG)
+    model = FakeModel(drafter, max_batch=4)
+    run = drive(model, requests(model, lengths=[30] * 8), k=3)
+    assert run.tokens == table_outputs(lengths=[30] * 8)
+    lookup = sum(s["lookup_rounds"] for s in run.stats.values())
+    assert 0 < lookup < sum(s["rounds"] for s in run.stats.values())
+    # the inner drafter's drafts are all wrong, so every accepted draft is lookup's
+    assert sum(s["accepted"] for s in run.stats.values()) > 0 and sum(len(v) for v in inner.log.values()) > 0
+    assert {s["model_acceptance_rate"] for s in run.stats.values()} <= {None, 0.0}
+
+
+def test_the_policys_arms_under_a_flipping_policy(monkeypatch):
+    """k auto over lookup in front of a drafter: the policy takes the arms in turn ("model" drafts with the inner
+    drafter even where lookup finds, "lookup" leaves rows it misses without drafts); output stays exact."""
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
+    drafter, inner = _lookup_first(ragged)
+    model = FakeModel(drafter, max_batch=4, k=4)
+    run = drive(model, requests(model, lengths=[30] * 8, temperature=[0.0, 0.7] * 4), k="auto")
+    assert run.tokens == table_outputs(lengths=[30] * 8)
+    (policy,) = model.policies.values()
+    assert policy.arms == ("model", "lookup") and inner.log
+    assert 0 < sum(s["lookup_rounds"] for s in run.stats.values()) < sum(s["rounds"] for s in run.stats.values())

@@ -52,11 +52,12 @@ def expected(prompt: list[int], max_new_tokens: int, eos: set[int] = frozenset()
 
 
 class TableRunner:
-    """The fake target graph: called like a backend runner, inputs in INPUTS order (+ tree_mask)."""
+    """The fake target graph: called like a backend runner, inputs in INPUTS order (+ tree_mask). Besides logits
+    and KV it returns `features` [B, T, 2]: each column's token and position (what a head drafter reads)."""
 
     def __init__(self, trees: bool = False):
         self.input_names = INPUTS + (["tree_mask"] if trees else [])
-        self.output_names = ["logits", "new_k", "new_v"]
+        self.output_names = ["logits", "new_k", "new_v", "features"]
         self.passes = 0
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
@@ -87,7 +88,7 @@ class TableRunner:
         logits = torch.full((b_n, rows.shape[1], VOCAB), -1e4).scatter_(-1, picked[..., None], 0.0)
         new_k = torch.zeros(DIMS.n_layers, b_n, DIMS.n_kv_heads, t_n, DIMS.head_dim)
         new_k[0, :, 0, :, 0], new_k[0, :, 0, :, 1] = ids.float(), pos.float()
-        return [logits, new_k, new_k.clone()]
+        return [logits, new_k, new_k.clone(), torch.stack([ids, pos], -1).float()]
 
 
 class FakeTokenizer:
@@ -212,7 +213,13 @@ class TableDrafter(Drafter):
         return trees
 
     def after_verify(self, batch: Batch, verdict) -> None:
+        """Checks that the verdict's features are the committed tokens', in committed order."""
         self.after += 1
+        features, cache = verdict.extra["features"], batch.cache
+        for b, n in enumerate((verdict.n_accepted + 1).tolist()):
+            end = int(cache.lengths[b])
+            assert features[b, :n, 1].long().tolist() == list(range(end - n, end)), "features out of order"
+            assert torch.equal(features[b, :n, 0], cache.k[0, b, 0, end - n:end, 0]), "features of other tokens"
 
 
 def right(n: int) -> Rule:

@@ -91,6 +91,23 @@ class TableRunner:
         return [logits, new_k, new_k.clone(), torch.stack([ids, pos], -1).float()]
 
 
+class HeadRunner(TableRunner):
+    """The fake target compiled with the verification head: the table's logits go through the real VerifyHead
+    (passes/insert_verify_head.py), so acceptance runs "in the graph" and the graph returns no logits."""
+
+    def __init__(self):
+        from specc.passes.insert_verify_head import HEAD_INPUTS, VerifyHead
+
+        super().__init__()
+        self.input_names, self.head = INPUTS + list(HEAD_INPUTS), VerifyHead()
+        self.output_names = ["n_accepted", "next_token", "new_k", "new_v", "features"]
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        logits, new_k, new_v, features = super().__call__(*inputs[:len(INPUTS)])
+        n_accepted, next_token = self.head(logits, *inputs[len(INPUTS):])
+        return [n_accepted, next_token, new_k, new_v, features]
+
+
 class FakeTokenizer:
     """Token i is the character ALPHABET[i]."""
 
@@ -105,8 +122,8 @@ class FakeModel(SpecModel):
 
     def __init__(self, drafter: Drafter | None = None, max_batch: int = 4, k: int | str = 3,
                  tree: TreeShape | None = None, eos_ids: set[int] = frozenset(), verifier: type[Verifier] = Verifier,
-                 max_context: int = 256):
-        self.runner = TableRunner(trees=tree is not None)
+                 max_context: int = 256, verify_head: bool = False):
+        self.runner = HeadRunner() if verify_head else TableRunner(trees=tree is not None)
         self.device = torch.device("cpu")
         self.target = Target(StepRunner(self.runner, DIMS, self.device, self.runner.input_names,
                                         self.runner.output_names), self.runner.output_names)
@@ -173,8 +190,9 @@ class TableDrafter(Drafter):
         self.round += 1
         width = max(len(r) for r in rows)
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        for b, r in enumerate(rows):
-            tokens[b, :len(r)] = torch.tensor(r, dtype=torch.long)
+        for b, (seq, r) in enumerate(zip(batch.seqs, rows)):
+            # padded with the table's tokens: a rule that read past a row's drafts would accept them
+            tokens[b] = torch.tensor(r + continuation(seq.tokens, width)[len(r):], dtype=torch.long)
         q = None if params.all_greedy else torch.zeros(len(rows), width, VOCAB).scatter_(-1, tokens[..., None], 1.0)
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
         return Proposal(tokens, q, lengths, self.kind, DraftInfo())

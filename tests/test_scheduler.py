@@ -37,6 +37,8 @@ def one_thread():
 
 @dataclass
 class Run:
+    """What a driven run produced, by request index."""
+
     tokens: dict[int, list[int]] = field(default_factory=dict)
     text: dict[int, str] = field(default_factory=dict)
     reasons: dict[int, str] = field(default_factory=dict)
@@ -171,6 +173,30 @@ def test_ragged_rows_include_rounds_without_drafts():
     drive(model, requests(model), k=3)
     drafted = [d for row in drafter.log.values() for d, _ in row]
     assert 0 in drafted and 3 in drafted and len(set(drafted)) == 4
+
+
+@pytest.mark.parametrize("rule", ["right", "wrong", "right2", "ragged"])
+def test_acceptance_in_the_graph(rule):
+    """A target compiled with the verification head (the real VerifyHead over the table's logits): chain rounds,
+    greedy and sampled rows, give the table's output and the drafter's counts; so do its plain rounds, which
+    pass the head a dummy draft."""
+    drafter = TableDrafter(RULES[rule])
+    model = FakeModel(drafter, max_batch=4, verify_head=True)
+    assert model.verify_head
+    temps = [0.0, 0.8] * 4
+    run = drive(model, requests(model, temperature=temps), k=3)
+    assert run.tokens == drive(model, requests(model, temperature=temps), speculative=False).tokens == table_outputs()
+    assert_stats_match_the_drafter(run, drafter)
+
+
+def test_acceptance_in_the_graph_under_a_flipping_policy(monkeypatch):
+    """k auto over the verification head: rounds of k = 0 (a dummy draft) and every other k mixed."""
+    monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
+    drafter = TableDrafter(ragged)
+    model = FakeModel(drafter, max_batch=4, k=4, verify_head=True)
+    run = drive(model, requests(model, temperature=[0.0, 0.9] * 4), k="auto")
+    assert run.tokens == table_outputs() and 0 in run.rounds_by_k and len(run.rounds_by_k) >= 4
+    assert_stats_match_the_drafter(run, drafter)
 
 
 # -- joining and leaving ----------------------------------------------------------------------------

@@ -135,8 +135,8 @@ class FakeModel(SpecModel):
 
     def request(self, index: int, prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0,
                 seed: int | None = None, stop: tuple[str, ...] = (), lookahead: int = 8) -> Request:
-        return self.new_request(index, prompt, max_new_tokens, SamplingParams(temperature), index if seed is None else seed,
-                                stop, k=lookahead)
+        seed = index if seed is None else seed
+        return self.new_request(index, prompt, max_new_tokens, SamplingParams(temperature), seed, stop, k=lookahead)
 
 
 class RowTags:

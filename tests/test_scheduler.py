@@ -146,7 +146,8 @@ def test_chain_rounds_equal_target_only(rule, max_batch):
     assert run.rounds_by_k == {3: drafter.round} and list(plain.rounds_by_k) == [0]
 
 
-@pytest.mark.parametrize(("rule", "rounds", "accepted"), [(ALWAYS_RIGHT, 3, 9), (right(1), 6, 6), (ALWAYS_WRONG, 12, 0)])
+@pytest.mark.parametrize(("rule", "rounds", "accepted"),
+                         [(ALWAYS_RIGHT, 3, 9), (right(1), 6, 6), (ALWAYS_WRONG, 12, 0)])
 def test_counts_are_what_the_drafter_implies(rule, rounds, accepted):
     """One row, 13 tokens, k = 3: the first comes from the prefill; rounds that accept a drafts emit a + 1."""
     model = FakeModel(TableDrafter(rule), max_batch=1)
@@ -230,7 +231,8 @@ def test_cancel_from_the_queue_and_from_the_batch():
     assert run.reasons[1] == run.reasons[6] == "cancelled"
     assert run.tokens.get(6, []) == [] and run.stats[6]["rounds"] == 0
     assert 0 < len(run.tokens[1]) < len(want[1]) and run.tokens[1] == want[1][:len(run.tokens[1])]
-    assert {i: t for i, t in run.tokens.items() if i not in (1, 6)} == {i: t for i, t in want.items() if i not in (1, 6)}
+    others = [i for i in want if i not in (1, 6)]
+    assert {i: run.tokens[i] for i in others} == {i: want[i] for i in others}
     assert all(run.reasons[i] == "length" for i in want if i not in (1, 6))
     assert run.stats[1]["rounds"] == len(drafter.log[1])
 
@@ -270,7 +272,8 @@ def test_eos_inside_accepted_drafts_ends_the_row(temperature):
     drafter = TableDrafter(ALWAYS_RIGHT)
     model = FakeModel(drafter, eos_ids={eos}, max_batch=4)
     others = [p for p in PROMPTS if p != prompt][:3]
-    reqs = [model.request(0, prompt, 40, temperature)] + [model.request(i + 1, p, 10, temperature) for i, p in enumerate(others)]
+    reqs = [model.request(0, prompt, 40, temperature)]
+    reqs += [model.request(i + 1, p, 10, temperature) for i, p in enumerate(others)]
     run = drive(model, reqs, k=k)
     assert run.tokens[0] == continuation(prompt, e) and run.reasons[0] == "stop"
     for i, p in enumerate(others):
@@ -290,8 +293,9 @@ def test_max_new_tokens_inside_accepted_drafts():
     assert (run.stats[0]["rounds"], run.stats[0]["accepted"]) == (1, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="Scheduler._advance keeps the tokens a round made after the one that completes a "
-                   "stop string (text is cut, token_ids are not): speculative token_ids run past target-only's")
+@pytest.mark.xfail(strict=True, reason="Scheduler._advance keeps the tokens a round made after the one that "
+                   "completes a stop string (text is cut, token_ids are not): speculative token_ids run past "
+                   "target-only's")
 def test_a_stop_string_ends_the_tokens_where_target_only_does():
     """With a stop string, speculative token_ids (and new_tokens) equal target-only's: the row's tokens end at
     the one that completes the stop string."""

@@ -30,7 +30,9 @@ class RepeatDrafter(Drafter):
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         tokens = batch.pending[:, None].repeat(1, plan.k)
-        q = None if params.all_greedy else torch.zeros(*tokens.shape, self.vocab_size).scatter_(-1, tokens[..., None], 1.0)
+        q = None
+        if not params.all_greedy:  # one-hot: the draft was certain of its token
+            q = torch.zeros(*tokens.shape, self.vocab_size).scatter_(-1, tokens[..., None], 1.0)
         self.proposed += tokens.numel()
         return Proposal(tokens, q, torch.full_like(batch.pending, plan.k), self.kind)
 

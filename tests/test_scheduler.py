@@ -293,9 +293,6 @@ def test_max_new_tokens_inside_accepted_drafts():
     assert (run.stats[0]["rounds"], run.stats[0]["accepted"]) == (1, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="Scheduler._advance keeps the tokens a round made after the one that "
-                   "completes a stop string (text is cut, token_ids are not): speculative token_ids run past "
-                   "target-only's")
 def test_a_stop_string_ends_the_tokens_where_target_only_does():
     """With a stop string, speculative token_ids (and new_tokens) equal target-only's: the row's tokens end at
     the one that completes the stop string."""

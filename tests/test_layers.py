@@ -11,11 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent / "specc"
 
 # bottom first: a module may import from its own layer and the layers above it in this list
 LAYERS: list[tuple[str, ...]] = [
-    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.hardware"),
+    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.block_weights"),
     ("specc.speculation",),
-    ("specc.methods", "specc.recipe"),
+    ("specc.methods", "specc.recipe", "specc.recipe_edit"),
     ("specc.models", "specc.capture", "specc.heads"),
     ("specc.passes",),
+    ("specc.onnx_passes",),
+    ("specc.hardware",),  # asks this CPU's kernels what the ONNX passes emit
     ("specc.backends",),
     ("specc.bundle",),
     ("specc.compiler",),

@@ -251,9 +251,11 @@ def cmd_trt_check(args) -> int:
 
 
 def cmd_passes(args) -> int:
+    from ..onnx_passes import describe_onnx_passes
     from ..passes import describe_passes
 
-    print(describe_passes())
+    print("FX passes (step graphs, before export):\n" + describe_passes())
+    print("\nONNX passes (exported graphs, by backend):\n" + describe_onnx_passes())
     return 0
 
 
@@ -505,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("onnx", type=Path)
     p.set_defaults(func=cmd_trt_check)
 
-    p = sub.add_parser("passes", help="list the graph passes with their contracts")
+    p = sub.add_parser("passes", help="list the graph passes (FX and ONNX) with their contracts")
     p.set_defaults(func=cmd_passes)
 
     p = sub.add_parser("train-head", help="train a Medusa or EAGLE draft head on the recipe's target (CPU, self-distillation)")

@@ -218,7 +218,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(32, concurrency))")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.bench.prompts)")
+    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
     ap.add_argument("--k", type=int, default=None, help="the fixed k compared (default: the recipe's)")
     ap.add_argument("--modes", nargs="+", default=["auto", "fixed", "none"], choices=["auto", "fixed", "none"])
@@ -232,7 +232,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import specc
-    from specc.bench.prompts import build
+    from specc.prompts import build
 
     items = build(args.code, args.chat)
     model = specc.load(args.bundle, verify=False)

@@ -90,7 +90,7 @@ def test_bench_warms_k_auto_up_on_prompts_outside_the_benchmark(cli_bundle, tmp_
     """k auto's policy learns from every call: before it is timed it answers the warm-up prompts at the
     run's token budget, as a running server has answered earlier requests; fixed k is not warmed so."""
     from specc.bench import run as bench_run
-    from specc.bench.prompts import CHAT, warmup_items
+    from specc.prompts import CHAT, warmup_items
 
     assert not {it["prompt"] for it in warmup_items()} & set(CHAT)
     calls, real = [], bench_run.SpeccSystem.run

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent / "specc"
 
 # bottom first: a module may import from its own layer and the layers above it in this list
 LAYERS: list[tuple[str, ...]] = [
-    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.block_weights"),
+    ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.block_weights",
+     "specc.prompts"),
     ("specc.speculation",),
     ("specc.methods", "specc.recipe", "specc.recipe_edit"),
     ("specc.models", "specc.capture", "specc.heads"),

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ..errors import SpeccError
 from ..hardware import cpu
 from ..limits import is_probability
-from .prompts import warmup_items
+from ..prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
 

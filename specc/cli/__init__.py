@@ -148,7 +148,8 @@ def cmd_eval(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields, write_json
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune, write_json
+    from ..recipe_edit import set_recipe_fields
 
     if args.write and not args.recipe:
         raise SpeccError("--write needs --recipe RECIPE.yaml (the recipe the bundle was compiled from)")

@@ -28,10 +28,8 @@ def session_options():
     per session whose threads spin between operators during a run and stop spinning when it returns.
 
     Draft and target sessions alternate many times per round. Pools that kept spinning after a run
-    stole the cores from the other session (1.8x slower end to end); passive pools pay a thread
-    wake-up for every operator (Qwen2.5 0.5B int4 draft step 19.8 ms against 17.3, 1.5B int8-gemm verify
-    of 5 tokens 92.6 against 79.9 ms, alternating as in a round here). `session.force_spinning_stop`
-    keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
+    would steal the cores from the other session; passive pools pay a thread wake-up for every
+    operator. `session.force_spinning_stop` keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
     with other busy processes).
     """
     import onnxruntime as ort

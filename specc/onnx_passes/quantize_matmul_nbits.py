@@ -104,9 +104,9 @@ def fewest_pass_rows(k: int, n: int, bits: int, block_size: int, accuracy_level:
     machine: 1 (any pass), 2 (1-row passes differ, every larger pass agrees) or None (no pass size is enough)?
 
     Speculative verify runs k+1 rows where target-only decoding runs 1; a kernel that computes a row differently by
-    pass size can flip a near-tied greedy choice. ONNX Runtime 1.32 on AVX-512 VNNI: 1 at block 32, accuracy level
-    4; on an AVX2-only CPU every int4 setting gives 2 (1-row passes take a GEMV kernel of their own), so the
-    runtime runs a 1-token pass as 2 rows there (runtime/step.py). Compile records this; the runtime asks again
+    pass size can flip a near-tied greedy choice. The answer depends on the CPU's kernels (docs/quantization.md):
+    where it is 2, 1-row passes take a GEMV kernel of their own, and the runtime runs a 1-token pass as 2 rows
+    (runtime/step.py). Compile records this; the runtime asks again
     where it runs (specc/hardware.py)."""
     from onnx import TensorProto, helper, numpy_helper
 

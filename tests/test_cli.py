@@ -122,7 +122,8 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     assert "onnxruntime" in out and "tensorrt" in out and "bfloat16 matmuls: " in out and "\ncpu: " in out
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
-    for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head"):
+    for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head",
+                 "fold_weight_transposes", "quantize_matmul_nbits", "quantize_weight_only_dq", "compute_attention_in_fp64"):
         assert f"{name}:" in out
     assert main(["models", "list"]) == 0
     assert "smollm2-135m-instruct" in capsys.readouterr().out

@@ -13,7 +13,7 @@ needs calibration activations and is not implemented: `int4` here is the int4-AW
 without the AWQ search. This pass only rewrites ONNX (it runs on any machine; the tests check it
 with ONNX Runtime's reference semantics and the TensorRT operator table); building the engine
 happens in tensorrt_backend.build_engine with a strongly typed network (TensorRT follows the
-graph's types, as weight-only INT4/FP8 needs).
+graph's types, as weight-only INT4/FP8 needs). The engine build itself is not covered by the CPU tests.
 
 requires: no Transpose of a constant weight (fold_weight_transposes ran).
 ensures:  no linear layer outside keep_float multiplies by a float weight; the default opset is one

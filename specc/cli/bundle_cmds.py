@@ -95,9 +95,11 @@ def cmd_trt_check(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
+    from ..onnx_passes import describe_onnx_passes
     from ..passes import describe_passes
 
-    print(describe_passes())
+    print("FX passes (step graphs, before export):\n" + describe_passes())
+    print("\nONNX passes (exported graphs, by backend):\n" + describe_onnx_passes())
     return 0
 
 
@@ -171,6 +173,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("onnx", type=Path, help="ONNX file (a bundle's graphs/*/model.onnx)")
     p.set_defaults(func=cmd_trt_check)
 
-    p = sub.add_parser("passes", help="list the graph passes with their contracts",
+    p = sub.add_parser("passes", help="list the graph passes (FX and ONNX) with their contracts",
                        description="List the graph passes with their contracts.")
     p.set_defaults(func=cmd_passes)

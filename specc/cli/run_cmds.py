@@ -167,7 +167,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for value, flag in ((args.k_max, "--k-max"), (args.repeats, "--repeats"), (args.timing_prompts, "--timing-prompts")):
         checks.at_least(value, flag)
     items = read_prompts(args)
-    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune
+    from ..recipe_edit import set_recipe_fields
 
     with human_output(args):
         model = load_model(args)

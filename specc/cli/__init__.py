@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import ModelError, SpeccError
+from ..errors import ModelError, SpeccError, escape_control
 
 
 def _recipe_help() -> str:
@@ -69,11 +69,15 @@ def _sampling_kwargs(args) -> dict:
 
 
 def cmd_generate(args) -> int:
+    from ..runtime.model import read_chat_template
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
     items = _read_prompts(args)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     model = _load(args)
+    if template is not None:
+        model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(_sampling_kwargs(args), stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
     run = RunStats()  # every group's figures (chat and plain prompts run as two calls)
@@ -210,7 +214,8 @@ def cmd_serve(args) -> int:
 
     serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
-          max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code)
+          max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
+          chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb)
     return 0
 
 
@@ -384,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "
                         "(default: the recipe's)")
     p.add_argument("--json", action="store_true", help="print completions and stats as JSON")
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="Jinja chat template for --chat prompts, instead of the tokenizer's (or where it has none)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (docs/serving.md)",
@@ -402,6 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or auto (default)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="Jinja chat template for /v1/chat/completions, instead of the tokenizer's (or where it has none)")
+    p.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S",
+                   help="on SIGTERM or Ctrl-C, stop taking requests and give those in flight up to S seconds to "
+                        "finish; the rest end with an error (default 20; a second signal stops at once)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, metavar="MB",
+                   help="largest request body in MiB; larger ones answer 413 before they are read (default 8)")
     _add_trust(p)
     p.set_defaults(func=cmd_serve)
 
@@ -578,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # a path the user gave that cannot be read or written
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{escape_control(exc.filename)}: " if exc.filename else ""
         from .format import terminal_safe
 
         print(f"specc: error: {terminal_safe(f'{where}{exc.strerror or exc}')}", file=sys.stderr)

@@ -71,7 +71,9 @@ class AsyncEngine(EngineThread):
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()
         self._next_index = itertools.count()
-        self._max_prompt_chars: int | None = None
+        # prompt text longer than this cannot fit the context whatever it says: no token covers more than
+        # max_token_bytes of text, and a character is at least one byte; such text is refused untokenised
+        self.max_prompt_chars = model.max_context * max_token_bytes(model.tokenizer)
 
     # -- the event loop's side -----------------------------------------------------------------
     @property
@@ -169,15 +171,6 @@ class AsyncEngine(EngineThread):
         return seqs
 
     # -- prompts (a thread pool's side: `prepare`) ---------------------------------------------
-    @property
-    def max_prompt_chars(self) -> int:
-        """Prompt text longer than this cannot fit the context whatever it says: no token covers more than
-        `max_token_bytes` bytes of text (4x that where a normaliser may compose characters first), and a
-        character is at least one byte. Longer text is refused before it is tokenised."""
-        if self._max_prompt_chars is None:
-            self._max_prompt_chars = self.model.max_context * max_token_bytes(self.model.tokenizer)
-        return self._max_prompt_chars
-
     def prepare(self, job: Job) -> Job:
         """Tokenise the job's prompts (a worker thread of the app's pool): APIError 400 for one that is not
         valid or cannot fit the context."""

@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 from server_probe import LiveServer, httpx  # noqa: E402
 
 REFERENCE = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 16, "temperature": 0}
-SMALL = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+SMALL = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 LARGE = settings(max_examples=int(os.environ.get("SPECC_FUZZ_EXAMPLES", "2000")), deadline=None,
                  suppress_health_check=list(HealthCheck))
 
@@ -120,7 +120,7 @@ def test_bytes_mutated(server, chat, seed, rounds):
        method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
        ctype=st.sampled_from(["application/json", "text/plain", "application/json; charset=latin-1", "",
                               "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "APPLICATION/JSON"]))
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_methods_paths_and_content_types(server, path, method, ctype):
     s, _ = server
     r = httpx.request(method, s.url + path, content=json.dumps(base("chat" in path)).encode(),

@@ -4,7 +4,8 @@
 
 Starts `specc serve BUNDLE` on a free loopback port, then sends pairs of the same greedy request: one
 alone, one while a 20 MB body, stop strings one past the caps (count, length), stop strings at the caps
-(a valid request that runs beside it) and a 200k-character prompt are in flight. Prints the median
+(a valid request that runs beside it; --rejected-only leaves it out) and a 200k-character prompt are in
+flight. Prints the median
 and 90th percentile of both, the ratio, and what each attack was answered and how fast.
 """
 from __future__ import annotations
@@ -26,13 +27,16 @@ def main() -> int:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--rejected-only", action="store_true",
+                    help="leave out the valid request at the stop-string caps (it shares the batch)")
     args = ap.parse_args()
     body = {**NORMAL, "max_tokens": args.max_tokens}
     with tempfile.TemporaryDirectory() as tmp:
         server = LiveServer(args.bundle, Path(tmp) / "serve.log")
         try:
             normal_latency(server, 3, body)
-            idle, attacked, results = latency_under_attack(server, args.pairs, (MAX_STOP_STRINGS, MAX_STOP_CHARS), body)
+            idle, attacked, results = latency_under_attack(server, args.pairs, (MAX_STOP_STRINGS, MAX_STOP_CHARS), body,
+                                                           args.rejected_only)
         finally:
             server.stop()
 

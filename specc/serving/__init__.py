@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import SpeccError
@@ -53,7 +54,7 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
         sock.close()
 
 
-def draining_server(uvicorn, config, drain, timeout: float):
+def draining_server(uvicorn, config, drain: Callable[[float], Awaitable[None]], timeout: float):
     """A uvicorn Server whose first SIGTERM or SIGINT drains instead of stopping: no new connections, 503 to
     new requests on open ones, requests in flight get `timeout` seconds to finish, then the rest end with an
     error (`app.state.drain`); a second signal stops at once, as uvicorn does. Plain uvicorn would stop at

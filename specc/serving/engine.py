@@ -17,7 +17,10 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from jinja2 import TemplateError
+try:
+    from jinja2 import TemplateError
+except ImportError:  # transformers renders chat templates with jinja2; without it there is nothing to catch
+    TemplateError = ()
 
 from ..errors import RequestError
 from ..runtime.model import SpecModel

@@ -244,10 +244,17 @@ def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundle
         threads = [threading.Thread(target=_stream, args=(s.url, {"prompt": "abc", "max_tokens": 8}, done))]
         threads += [threading.Thread(target=_stream, args=(s.url, {"prompt": f"p{i}", "max_tokens": 200,
                                                                      "temperature": 0}, done)) for i in range(6)]
+        plain: list = []
+        threads.append(threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {
+            "model": "tiny", "prompt": "q", "max_tokens": 200, "temperature": 0}))))
         for t in threads:
             t.start()
             time.sleep(0.05)
-        time.sleep(0.3)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # every request admitted (its prompt tokens counted): 3 + 6 x 2 + 1
+            if "specc:prompt_tokens_total 16.0" in httpx.get(s.url + "/metrics", timeout=10).text:
+                break
+            time.sleep(0.05)
         start = time.monotonic()
         s.signal(signal.SIGTERM)
         time.sleep(0.3)
@@ -260,6 +267,8 @@ def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundle
     finally:
         s.stop()
     assert elapsed < 1.5 + 8, elapsed
+    r = plain[0]  # a non-streaming request queued behind them all: answered 503, or it finished in time
+    assert r.status_code == 200 or (r.status_code == 503 and error_of(r)["code"] == "shutting_down"), r.text
     assert len(done) == 7 and all(e[0] == 200 and e[-1] == "[DONE]" for e in done), done
     last = [json.loads(e[-2]) for e in done]
     finished = [x for x in last if "choices" in x and x["choices"][0]["finish_reason"] in ("length", "stop")]

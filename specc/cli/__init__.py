@@ -402,10 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
     p.add_argument("--api-key", default=os.environ.get("SPECC_API_KEY"),
-                   help="require the header Authorization: Bearer API_KEY on /v1/* (default: $SPECC_API_KEY, "
+                   help="require the header Authorization: Bearer API_KEY on every route but /health and /metrics "
+                        "(default: $SPECC_API_KEY, "
                         "which keeps the key out of the process list)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
-    p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429")
+    p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429, "
+                   "and a request of more sequences than this 400")
     p.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or auto (default)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")

@@ -69,7 +69,7 @@ def check_files(path: Path, manifest: Manifest, verify: bool = True, prefixes: t
             problems.append(f"{rel}: sha256 differs from the manifest (file was modified)")
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise BundleError(f"bundle {path} failed verification:\n  " + "\n  ".join(shown))
+        raise BundleError(f"bundle {path} failed verification:", details=shown)
 
 
 def open_bundle(path: str | Path, verify: bool = True, expect_id: str | None = None, trust_code: bool = False,

@@ -12,7 +12,7 @@ import torch
 
 from ..backends import Runner
 from ..bundle import Bundle, open_bundle
-from ..errors import RequestError
+from ..errors import RequestError, SpeccError, escape_control
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, build_drafter
@@ -67,7 +67,7 @@ class SpecModel:
                 "bundle %s: on this CPU its quantised target computes a row differently in passes of different sizes, "
                 "so greedy speculative output can differ from its target-only output where two tokens nearly tie "
                 "(sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
-                "settings that are row-invariant on which CPUs", bundle.path)
+                "settings that are row-invariant on which CPUs", escape_control(bundle.path))
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 
@@ -180,8 +180,7 @@ class SpecModel:
                     raise RequestError(f"prompt {i} is empty; give at least one character")
                 _check_text(p, f"prompt {i}")
                 if chat:
-                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                             tokenize=True, return_dict=False)
+                    ids = self._chat_ids([{"role": "user", "content": p}], f"prompt {i}")
                 else:
                     ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
             elif isinstance(p, Seq) and not isinstance(p, (bytes, bytearray)) and p and all(_is_int(t) for t in p):
@@ -195,6 +194,52 @@ class SpecModel:
                 raise RequestError(f"prompt {i} encodes to no tokens")
             out.append(list(ids))
         return out
+
+    def _chat_ids(self, messages: list[dict], where: str) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(NO_CHAT_TEMPLATE)
+        from jinja2 import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=False)
+        except TemplateError as exc:  # the template's raise_exception, or an undefined value it needs
+            raise RequestError(f"{where}: the chat template refused it: {exc}") from None
+
+    def set_chat_template(self, template: str, where: str = "chat template") -> None:
+        """Format chat prompts with this Jinja template (the `chat_template` of a tokenizer_config.json) instead
+        of the tokenizer's own, e.g. for a GGUF model converted without one; checked by rendering a message."""
+        if not isinstance(template, str) or not template.strip():
+            raise SpeccError(f"{where}: empty; allowed a Jinja chat template (as in a tokenizer_config.json)")
+        try:
+            self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template,
+                                               add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja2's syntax and runtime errors, transformers' own checks
+            raise SpeccError(f"{where}: not a chat template this tokenizer can render: {type(exc).__name__}: "
+                             f"{str(exc)[:300]}") from None
+        self.tokenizer.chat_template = template
+
+
+NO_CHAT_TEMPLATE = ("this bundle's tokenizer has no chat template, so chat prompts cannot be formatted; give one with "
+                    "--chat-template FILE (a Jinja template, as in a tokenizer_config.json; in Python "
+                    "model.set_chat_template(text)), or send plain prompts")
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20
+
+
+def read_chat_template(path: str | Path) -> str:
+    """The text of a --chat-template FILE, or one SpeccError naming the file."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise SpeccError(f"--chat-template {path}: not a file; allowed a Jinja template file")
+        if size > MAX_CHAT_TEMPLATE_BYTES:
+            raise SpeccError(f"--chat-template {path}: {size} bytes; allowed at most {MAX_CHAT_TEMPLATE_BYTES}")
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise SpeccError(f"--chat-template {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpeccError(f"--chat-template {path}: not UTF-8 text; allowed a Jinja template file") from None
 
 
 class Completions(list):

@@ -27,6 +27,7 @@ demo: $(BIN)/python
 # --dist loadfile: a test file's tests share one worker, so its module fixtures (compiled bundles) are built once
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m ruff check .
 	-$(MAKE) --no-print-directory triton-env
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15
 

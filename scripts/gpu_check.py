@@ -69,7 +69,8 @@ class Report:
         lines += self.sections
         headers = ["model", "backend", "compile s", "bundle MB", "numerics", "system", "tok/s", "speed-up",
                    "acceptance", "tokens/pass", "greedy = target-only"]
-        lines += ["## Bundles and benchmarks", "", table(headers, self.rows, "llrrrlrrrrr") if self.rows else "no bundle was benchmarked", ""]
+        lines += ["## Bundles and benchmarks", "",
+                  table(headers, self.rows, "llrrrlrrrrr") if self.rows else "no bundle was benchmarked", ""]
         lines += ["## Failures", ""] + (self.failures or ["none"])
         return "\n".join(lines) + "\n"
 

@@ -103,7 +103,8 @@ def free_port() -> int:
 
 def start_server(bundle: Path, mode: str, k: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    args = [sys.executable, "-c", "import sys; from specc.cli import main; sys.exit(main(sys.argv[1:]))", "serve", str(bundle), "--port", str(port), "--name", "bundle",
+    args = [sys.executable, "-c", "import sys; from specc.cli import main; sys.exit(main(sys.argv[1:]))",
+            "serve", str(bundle), "--port", str(port), "--name", "bundle",
             "--no-verify", "--max-queue", "1024"]
     args += {"auto": ["--k", "auto"], "fixed": ["--k", str(k)], "none": ["--no-speculation"]}[mode]
     log = open(f"/tmp/specc-serve-{mode}-{port}.log", "w")
@@ -200,7 +201,8 @@ def make_tasks(items: list[dict], n: int, offset: int) -> list[Task]:
 
 def format_table(rows: list[dict]) -> str:
     base = {(r["concurrency"]): r for r in rows if r["mode"] == "none"}
-    lines = ["| concurrency | mode | requests | greedy streams checked | lost or wrong | tokens/s | vs none | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
+    lines = ["| concurrency | mode | requests | greedy streams checked | lost or wrong | tokens/s | vs none "
+             "| TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
     for r in rows:

@@ -49,7 +49,8 @@ def main() -> int:
           f"ratio of medians {statistics.median(attacked) / statistics.median(idle):.2f}")
     for name in dict.fromkeys(n for n, _, _ in results):
         runs = [(status, s) for n, status, s in results if n == name]
-        print(f"  {name:<15} answered {sorted({str(st) for st, _ in runs})}  median {statistics.median(s for _, s in runs):.3f} s  "
+        print(f"  {name:<15} answered {sorted({str(st) for st, _ in runs})}  "
+              f"median {statistics.median(s for _, s in runs):.3f} s  "
               f"max {max(s for _, s in runs):.3f} s")
     return 0
 

@@ -227,7 +227,8 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
 def _load_head(recipe: Recipe, target) -> tuple[torch.nn.Module, dict]:
     head, config = load_head(recipe.draft.head, target.model)
     if config["kind"] != recipe.draft.method:
-        raise SpeccError(f"draft.head {recipe.draft.head} is a {config['kind']} head, but draft.method is {recipe.draft.method!r}")
+        raise SpeccError(f"draft.head {recipe.draft.head} is a {config['kind']} head, "
+                         f"but draft.method is {recipe.draft.method!r}")
     return head, config
 
 
@@ -274,8 +275,9 @@ def shape_plan(recipe: Recipe, role: str, graph: StepGraph) -> ShapePlan:
     ranges = {name: tuple(r) for name, r in graph.ranges.to_dict().items()}
     inputs = graph.signature()["inputs"]
     example = dim_sizes(inputs, [i.example.shape for i in graph.inputs])
-    return ShapePlan(inputs, plan_profiles(ranges, step_tokens(role, spec.mode, auto_k_max(spec.k) if spec.k == "auto" else spec.k,
-                                                                           spec.tree.max_nodes)), example)
+    return ShapePlan(inputs, plan_profiles(ranges, step_tokens(role, spec.mode,
+                                                               auto_k_max(spec.k) if spec.k == "auto" else spec.k,
+                                                               spec.tree.max_nodes)), example)
 
 
 def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGraph) -> dict:

@@ -74,7 +74,8 @@ class DraftSpec:
                                 "EAGLE-1/2 or EAGLE-3 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized, early_exit or eagle (chain mode): draft by prompt lookup in rounds where "
                              "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
-    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context", lo=1, hi=MAX_NGRAM)
+    max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context",
+                        lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
     stop_below: float = _f(0.0, "method model, quantized, early_exit or eagle (chain mode): a row's drafts end after the "
                                 "first one the drafter gave a probability below this (0: always k drafts); under k auto any "
@@ -246,7 +247,8 @@ def _check_consistency(r: Recipe) -> None:
     if d.min_ngram > d.max_ngram:
         raise RecipeError("draft.min_ngram", f"{d.min_ngram} is above draft.max_ngram ({d.max_ngram})")
     if r.device == "cuda" and r.backend == "onnxruntime":
-        raise RecipeError("device", "backend 'onnxruntime' runs on cpu in specc; use tensorrt, torch_tensorrt, aoti or torch for cuda")
+        raise RecipeError("device", "backend 'onnxruntime' runs on cpu in specc; "
+                                    "use tensorrt, torch_tensorrt, aoti or torch for cuda")
     if r.backend in ("tensorrt", "torch_tensorrt") and r.device != "cuda":
         raise RecipeError("device", f"backend {r.backend!r} needs device 'cuda'")
     if r.precision != "fp32" and r.device == "cpu":
@@ -255,7 +257,8 @@ def _check_consistency(r: Recipe) -> None:
         raise RecipeError("precision", f"backend {r.backend!r} runs the graph in the traced dtype; "
                           f"set target.dtype (float16, bfloat16) instead of precision {r.precision!r}")
     if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
-        raise RecipeError("speculation.verify_head", "the verification head accepts chains; use it with speculation.mode chain and a draft")
+        raise RecipeError("speculation.verify_head",
+                          "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":
         if not method.trees:
             raise RecipeError("speculation.mode", f"tree speculation needs a drafter of token trees (draft.method "
@@ -338,7 +341,8 @@ def _resolve(value: str | None, base: Path) -> str | None:
 def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
     """Return the recipe with model and adapter paths made absolute against base."""
     target = dataclasses.replace(recipe.target, model=_resolve(recipe.target.model, base))
-    draft = dataclasses.replace(recipe.draft, model=_resolve(recipe.draft.model, base), adapter=_resolve(recipe.draft.adapter, base),
+    draft = dataclasses.replace(recipe.draft, model=_resolve(recipe.draft.model, base),
+                                adapter=_resolve(recipe.draft.adapter, base),
                                 head=_resolve(recipe.draft.head, base))
     return dataclasses.replace(recipe, target=target, draft=draft)
 

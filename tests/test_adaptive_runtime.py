@@ -261,7 +261,8 @@ def test_auto_k_sampled_output_has_target_distribution(small_vocab, policy_kind,
         rows = [(k, d) for k, lengths, stop in seen if stop for d in lengths if d]
         assert 0.1 < sum(d < k for k, d in rows) / len(rows) < 0.9, "early stops should be common but not universal"
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 def _accept_everything(p, q, draft, n_draft, u_accept, u_next):

@@ -48,7 +48,8 @@ def test_compare_hf_with_a_draft_model(bundles, prompts, tmp_path, capsys):
     assert constant["drafted"] > 0 and len(constant["acceptance_by_position"]) == 2  # recorded per round from transformers
     assert 0 < constant["per_token_acceptance"] < 1
     assert systems["hf assisted [draft] default"]["settings"]["num_assistant_tokens_schedule"] in ("constant", "heuristic")
-    best = max((n for n in systems if n.startswith("hf ") and n != "hf target-only"), key=lambda n: systems[n]["tokens_per_second"])
+    best = max((n for n in systems if n.startswith("hf ") and n != "hf target-only"),
+               key=lambda n: systems[n]["tokens_per_second"])
     assert systems[best]["speedup_vs_best_hf_speculative"] == 1.0
     md = (tmp_path / "out" / "bench.md").read_text()
     assert all(name in md for name in systems) and "## Acceptance by draft position" in md and "bench.png" in md
@@ -158,8 +159,8 @@ def _run(tokens, seconds):
 def test_a_different_output_is_counted_and_shown():
     systems = [_Fake("ref", "hf", False), _Fake("ok", "specc", True), _Fake("bad", "specc", True)]
     ref = [[1, 2, 3], [4, 5, 6]]
-    runs = {"ref": [_run(ref, 1.0)], "ok": [_run(ref, 0.5)], "bad": [_run([[1, 2, 3], [4, 7, 6]], 0.5), _run([[1, 2, 3], [4, 5]], 0.6),
-                                                                     _run([[1, 2, 3], [4, 7, 6]], 0.4)]}
+    runs = {"ref": [_run(ref, 1.0)], "ok": [_run(ref, 0.5)],
+            "bad": [_run([[1, 2, 3], [4, 7, 6]], 0.5), _run([[1, 2, 3], [4, 5]], 0.6), _run([[1, 2, 3], [4, 7, 6]], 0.4)]}
     items = [{"kind": "code"}, {"kind": "chat"}]
     out = summarise(systems, runs, items)
     assert out["ok"]["equality"] == {"equal": 2, "prefix": 0, "differs": 0, "of": 2} and out["ok"]["speedup_vs_reference"] == 2.0

@@ -91,7 +91,8 @@ def test_json_alone_prints_to_stdout_and_json_file_writes_the_file(cli_bundle, t
     assert main(["bench", str(cli_bundle), "--prompt", "def f(x):", "--max-new-tokens", "6", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["systems"]["specc target-only"]["outputs_equal"] == "1/1" and "specc target-only" in err
-    assert main(["generate", str(cli_bundle), "--prompt", "abc", "--max-new-tokens", "6", "--json", str(tmp_path / "g.json")]) == 0
+    assert main(["generate", str(cli_bundle), "--prompt", "abc", "--max-new-tokens", "6",
+                 "--json", str(tmp_path / "g.json")]) == 0
     out, err = capsys.readouterr()
     assert "--- [0] 'abc'" in out and "tokens/s" in err
     assert len(json.loads((tmp_path / "g.json").read_text())["completions"]) == 1
@@ -187,7 +188,8 @@ def test_bench_compares_bundles_and_trees(bundles, tmp_path, capsys):
     names = list(result["systems"])
     assert names[0] == "specc target-only"
     assert any(n.startswith("draft [model] chain k=3") for n in names)
-    assert {"tree_dynamic [model] tree depth 2 x 2, <= 4 nodes", "tree_dynamic [model] tree depth 3 x 2, <= 8 nodes"} <= set(names)
+    assert {"tree_dynamic [model] tree depth 2 x 2, <= 4 nodes",
+            "tree_dynamic [model] tree depth 3 x 2, <= 8 nodes"} <= set(names)
     assert all(s["outputs_equal"] == "2/2" for s in result["systems"].values())
     assert result["machine"]["cores"] >= 1 and "- machine: " in (tmp_path / "b.md").read_text()
     assert main(["bench", str(bundles["draft"]), "--prompts", str(prompts), "--tree", "2,x"]) == 2

@@ -170,7 +170,8 @@ def test_bench_json_output_renders(tmp_path):
     system = {"tokens_per_second": 40.0, "speedup_vs_reference": 1.25, "acceptance_rate": 0.3,
               "per_token_acceptance": 0.5, "tokens_per_target_pass": 1.5, "acceptance_by_position": [0.4, 0.3, None],
               "prefill_seconds": 1.0, "draft_seconds": 0.1, "target_seconds": 20.0, "host_seconds": 0.2,
-              "family": "specc", "speculative": True, "settings": {}, "equality": {"equal": 8, "prefix": 0, "differs": 0, "of": 8},
+              "family": "specc", "speculative": True, "settings": {},
+              "equality": {"equal": 8, "prefix": 0, "differs": 0, "of": 8},
               "equality_reference": "specc target-only", "outputs_equal": "8/8", "per_prompt": []}
     bench = {"reference": "specc target-only", "compare": None, "max_new_tokens": 64, "prompts": 8,
              "prompt_kinds": {"chat": 4, "code": 4}, "repeats": 1, "batch_size": 1, "bundles": ["bundles/quickstart"],

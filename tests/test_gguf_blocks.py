@@ -90,7 +90,8 @@ def test_read_gguf_file(tmp_path):
     for module, gguf_name in [("layers.0.self_attn.v_proj", "attn_v"), ("layers.0.mlp.down_proj", "ffn_down")]:
         expected = quants.dequantize(raws[gguf_name], GGMLQuantizationType[kinds[gguf_name]])
         assert len(blocks[module]) == 1 and np.array_equal(blocks[module][0].dequantize(), expected)
-    for module, gguf_name, heads in [("layers.0.self_attn.q_proj", "attn_q", HEADS), ("layers.0.self_attn.k_proj", "attn_k", KV_HEADS)]:
+    for module, gguf_name, heads in [("layers.0.self_attn.q_proj", "attn_q", HEADS),
+                                     ("layers.0.self_attn.k_proj", "attn_k", KV_HEADS)]:
         stored = quants.dequantize(raws[gguf_name], GGMLQuantizationType[kinds[gguf_name]])
         hf_order = stored.reshape(heads, N // heads // 2, 2, K).swapaxes(2, 1).reshape(N, K)  # transformers' reverse_permute
         assert [np.array_equal(c.dequantize(), x) for c, x in zip(blocks[module], (stored, hf_order))] == [True, True]

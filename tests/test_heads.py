@@ -80,7 +80,8 @@ def _eagle_tensors(hf, bias: bool = True) -> dict:
     shapes = {"fc.weight": (h, 2 * h), "layers.0.self_attn.q_proj.weight": (heads * d, h),
               "layers.0.self_attn.k_proj.weight": (kv * d, h), "layers.0.self_attn.v_proj.weight": (kv * d, h),
               "layers.0.self_attn.o_proj.weight": (h, heads * d), "layers.0.post_attention_layernorm.weight": (h,),
-              "layers.0.mlp.gate_proj.weight": (cfg.intermediate_size, h), "layers.0.mlp.up_proj.weight": (cfg.intermediate_size, h),
+              "layers.0.mlp.gate_proj.weight": (cfg.intermediate_size, h),
+              "layers.0.mlp.up_proj.weight": (cfg.intermediate_size, h),
               "layers.0.mlp.down_proj.weight": (h, cfg.intermediate_size), "embed_tokens.weight": (cfg.vocab_size, h)}
     if bias:
         shapes["fc.bias"] = (h,)
@@ -133,7 +134,8 @@ def _eagle3_reference(t: dict, hf, ids, feats, norm_before_residual: bool) -> tu
     attn = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(1, n, -1) @ t["midlayer.self_attn.o_proj.weight"].T
     r = (hn if norm_before_residual else feats) + attn
     m = rms(r, t["midlayer.post_attention_layernorm.weight"])
-    out = r + (F.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T)) @ t["midlayer.mlp.down_proj.weight"].T
+    out = r + ((F.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T))
+               @ t["midlayer.mlp.down_proj.weight"].T)
     reduced = rms(out, t["norm.weight"]) @ t["lm_head.weight"].T
     full = torch.full((*reduced.shape[:-1], cfg.vocab_size), torch.finfo(torch.float32).min)
     full[..., torch.arange(reduced.shape[-1]) + t["d2t"]] = reduced
@@ -752,7 +754,8 @@ def test_self_written_chat_prompts_are_sampled_once_and_kept(target, tmp_path, m
                   "Could you please provide the sentence?", "Certainly! What would you like to know about tides?",
                   "As an AI, I don't have feelings."):  # the target answering as the assistant
         assert _clean_question(reply) == "", reply
-    assert _clean_question("Could you tell me about the tides near the beach?") == "Could you tell me about the tides near the beach?"
+    assert (_clean_question("Could you tell me about the tides near the beach?")
+            == "Could you tell me about the tides near the beach?")
     assert cfg.key("m") != DataConfig(n_code=2, n_chat=5, new_tokens=4, batch=3).key("m")
     grid = DataConfig(n_code=192, n_chat=192, new_tokens=64, code_from=224, chat_from=224)
     assert grid.key("qwen2.5-coder-1.5b-instruct") == "bfab04c63af643f0"  # a set cached by earlier versions

@@ -25,7 +25,8 @@ from specc.digest import sha256_of
 from specc.errors import BundleError, RequestError, SpeccError
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-# `pytest -m heavy tests/test_hostile.py` runs the big fuzz (kept out of the default run and CI); SPECC_FUZZ_EXAMPLES sets its size per test.
+# `pytest -m heavy tests/test_hostile.py` runs the big fuzz (kept out of the default run and CI);
+# SPECC_FUZZ_EXAMPLES sets its size per test.
 FUZZ_SLOW = settings(max_examples=int(os.environ.get("SPECC_FUZZ_EXAMPLES", "500")), deadline=None,
                      suppress_health_check=list(HealthCheck))
 
@@ -108,8 +109,9 @@ def _set(obj, path, value):
     obj[path[-1]] = value
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-                           | st.text(max_size=20), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)
+                           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
                            max_leaves=6)
 
 
@@ -385,7 +387,8 @@ def test_tampered_bundle_is_refused_by_name(small, tmp_path, capsys, tamper):
         specc.load(b)
     assert TAMPERS[tamper] in str(info.value)
     assert_one_error(*run_cli(["generate", b, "--prompt", "x", "--max-new-tokens", "1"], capsys))
-    if tamper not in (t_backend_switched_both, t_backend_switched_to_aoti, t_onnx_external_data_outside):  # inspect opens no engine
+    # inspect opens no engine
+    if tamper not in (t_backend_switched_both, t_backend_switched_to_aoti, t_onnx_external_data_outside):
         assert_one_error(*run_cli(["inspect", b], capsys))
 
 
@@ -603,7 +606,8 @@ def files(small, models_dir, tmp_path) -> dict[str, Path]:
         "nonbundle": tmp_path / "nonbundle",
         "badchat": recipe("chat.jsonl", '{"prompt": "x", "chat": "no"}\n'),
         "surrogate": recipe("s.jsonl", '{"prompt": "a\\ud800"}\n'),
-        "nan_recipe": recipe("nan.yaml", f"target: {{model: {target}}}\ndraft: {{method: none}}\nsampling: {{temperature: .nan}}\n"),
+        "nan_recipe": recipe("nan.yaml",
+                             f"target: {{model: {target}}}\ndraft: {{method: none}}\nsampling: {{temperature: .nan}}\n"),
         "topp_recipe": recipe("topp.yaml", f"target: {{model: {target}}}\ndraft: {{method: none}}\nsampling: {{top_p: 0}}\n"),
         "intkeys_recipe": recipe("int.yaml", f"target: {{model: {target}}}\n1: 2\nzz: 3\n"),
         "deep_recipe": recipe("deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n"),
@@ -646,7 +650,8 @@ def _base_recipe(target: str) -> dict:
 
 
 WEIRD = (st.none() | st.booleans() | st.integers(-2**80, 2**80) | st.floats() | st.text(max_size=12)
-         | st.binary(max_size=8) | st.lists(st.integers(-3, 70), max_size=3) | st.lists(st.lists(st.integers(-1, 70), max_size=3), max_size=3)
+         | st.binary(max_size=8) | st.lists(st.integers(-3, 70), max_size=3)
+         | st.lists(st.lists(st.integers(-1, 70), max_size=3), max_size=3)
          | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2) | st.sampled_from(
              ["none", "model", "tree", "chain", "cuda", "torch", "aoti", "tensorrt", "int8", "fp16", "float16", ".nan", "1e400",
               "/proc/x", "../../etc", "\0", "early_exit", "prompt_lookup", "quantized"]))
@@ -706,7 +711,8 @@ REQUEST_VALUES = {
     "top_k": st.none() | st.integers(-2**65, 2**65) | st.floats() | st.booleans(),
     "top_p": st.none() | st.floats() | st.integers(-1, 2) | st.booleans(),
     "seed": st.integers(-2**65, 2**65) | st.booleans() | st.lists(st.integers(-2, 2**64), max_size=3) | st.none(),
-    "stop": st.none() | st.integers() | st.text(max_size=3) | st.lists(st.text(max_size=3) | st.binary(max_size=2) | st.none(), max_size=3),
+    "stop": st.none() | st.integers() | st.text(max_size=3)
+            | st.lists(st.text(max_size=3) | st.binary(max_size=2) | st.none(), max_size=3),
     "k": st.none() | st.integers(-2, 20) | st.booleans() | st.floats(),
     "max_new_tokens": st.integers(-2, 80) | st.booleans() | st.floats() | st.none(),
     "speculative": st.booleans(),

@@ -106,7 +106,8 @@ def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch)
     assert plain > 0
 
 
-@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup", "eagle3_chain",  # trees: per-row Python tree growth over 512 rows
+# trees: per-row Python tree growth over 512 rows
+@pytest.mark.parametrize("name", ["medusa_chain", "eagle_chain", "eagle_lookup", "eagle3_chain",
                                   pytest.param("eagle_tree", marks=[pytest.mark.slow, pytest.mark.heavy]),
                                   pytest.param("medusa_tree", marks=[pytest.mark.slow, pytest.mark.heavy])])
 def test_sampled_output_has_target_distribution(head_bundles, name):
@@ -116,7 +117,8 @@ def test_sampled_output_has_target_distribution(head_bundles, name):
     samples, stats = draw(bundles[name], params)
     assert 0.01 < stats["acceptance_rate"] < 0.95, "drafts must be both accepted and rejected for this test to mean anything"
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
@@ -138,7 +140,8 @@ def _report_uniform_q(monkeypatch) -> None:
         monkeypatch.setattr(module, "choose", _uniform_q(module.choose))
 
 
-@pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q")])  # EAGLE-3 drafts with the same code
+# EAGLE-3 drafts with the same code
+@pytest.mark.parametrize("name,broken", [("medusa_chain", "accept_all"), ("eagle_chain", "wrong_q")])
 def test_broken_rule_is_caught(head_bundles, monkeypatch, name, broken):
     if broken == "accept_all":
         monkeypatch.setattr(sampling, "accept_sampled", _accept_everything)

@@ -88,7 +88,8 @@ def test_sampled_output_has_target_distribution(small_vocab, params, mode):
     samples, stats = draw(bundles[mode], params)
     assert 0.01 < stats["acceptance_rate"] < 0.95, "drafts must be both accepted and rejected for this test to mean anything"
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 LOOKUP_PROMPT = list(range(17)) + [3, 1, 4, 1, 5]
@@ -105,7 +106,8 @@ def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
     assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8
     assert 0 < stats["lookup_acceptance_rate"] < 0.95 and 0 < stats["model_acceptance_rate"] < 0.95
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 @pytest.mark.heavy  # a minute; k auto's sampled exactness stays in the default run: test_adaptive_runtime.py
@@ -129,7 +131,8 @@ def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab
     assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8 and 0 < stats["accepted"] < stats["drafted"]
     assert stats["lookup_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None  # both drafted
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monkeypatch):
@@ -156,7 +159,8 @@ def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monk
     assert {1, 2} <= set(chosen), "rounds of one- and two-token matches"
     assert 0.01 < stats["acceptance_rate"] < 0.95
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 def _accept_everything(p, q, draft, n_draft, u_accept, u_next):
@@ -215,4 +219,5 @@ def test_early_stops_of_a_draft_model_keep_the_target_distribution(small_vocab):
     samples, stats = draw(bundles["chain"], params, stop_below=0.5)
     assert stats["rounds"] < stats["drafted"] < 2 * stats["rounds"], "some chains must stop early, not all at once"
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")

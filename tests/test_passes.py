@@ -45,7 +45,8 @@ def test_replace_causal_mask_verifies_a_tree_like_its_paths(hf):
             j = parent[j]
     empty = torch.zeros(dims.n_layers, 1, dims.n_kv_heads, 0, dims.head_dim)
     causal5 = torch.tril(torch.ones(5, 5, dtype=torch.bool))[None]
-    _, k, v = _run(program, context, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), empty, empty, causal5)
+    _, k, v = _run(program, context, torch.arange(5)[None], torch.zeros(1, dtype=torch.long),
+                   torch.zeros(1, 1, dtype=torch.long), empty, empty, causal5)
     tree_logits, _, _ = _run(program, tokens, 5 + depth, torch.tensor([5]), torch.arange(4)[None], k, v, mask)
     for node in range(4):
         path = []
@@ -105,7 +106,8 @@ def test_truncate_to_exit_builds_a_draft_of_the_first_layers(hf):
     ids = torch.randint(0, 256, (1, 5))
     d = draft.dims
     empty = torch.zeros(1, 1, d.n_kv_heads, 0, d.head_dim)
-    logits, k, v = _run(program, ids, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.arange(5)[None], empty, empty)
+    logits, k, v = _run(program, ids, torch.arange(5)[None], torch.zeros(1, dtype=torch.long), torch.arange(5)[None],
+                        empty, empty)
     assert (logits - _exit_reference(hf, ids, 1)).abs().max() < 1e-4
     full = target.export().module()
     empty2 = torch.zeros(target.dims.n_layers, 1, d.n_kv_heads, 0, d.head_dim)

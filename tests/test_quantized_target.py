@@ -234,7 +234,8 @@ def test_sampled_output_has_the_quantised_targets_distribution(small_vocab_quant
     samples, stats = draw(bundle, params)
     assert 0.05 < stats["acceptance_rate"] < 0.95
     for pos in range(3):
-        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
 
 
 def test_broken_rule_on_the_quantised_target_is_caught(small_vocab_quantised, monkeypatch):

@@ -9,10 +9,12 @@ from specc.recipe_edit import _edit_field, set_recipe_fields
 
 
 @pytest.mark.parametrize("before, after", [
-    ("speculation:\n  mode: chain\n  k: 3  # per round\nbackend: torch\n", "speculation:\n  mode: chain\n  k: 6  # per round\nbackend: torch\n"),
+    ("speculation:\n  mode: chain\n  k: 3  # per round\nbackend: torch\n",
+     "speculation:\n  mode: chain\n  k: 6  # per round\nbackend: torch\n"),
     ("speculation: {mode: chain, k: 4}  # flow\n", "speculation: {mode: chain, k: 6}  # flow\n"),
     ("speculation: {mode: chain}\n", "speculation: {mode: chain, k: 6}\n"),
-    ("speculation:\n    mode: chain\n# note\nbackend: torch\n", "speculation:\n    k: 6\n    mode: chain\n# note\nbackend: torch\n"),
+    ("speculation:\n    mode: chain\n# note\nbackend: torch\n",
+     "speculation:\n    k: 6\n    mode: chain\n# note\nbackend: torch\n"),
     ("backend: torch\n", "backend: torch\nspeculation:\n  k: 6\n"),
 ])
 def test_edit_k_keeps_layout(before, after):

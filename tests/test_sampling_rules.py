@@ -128,6 +128,7 @@ def test_fewer_drafts_than_k_take_bonus_from_p():
     q = torch.softmax(torch.randn(2, vocab, generator=g), -1)
     draft = torch.randint(0, vocab, (n, 2), generator=g)
     u = torch.rand(n, 3, generator=g)
-    n_acc, nxt = accept_sampled(p.expand(n, -1, -1), q.expand(n, -1, -1), draft, torch.zeros(n, dtype=torch.long), u[:, :2], u[:, 2])
+    n_acc, nxt = accept_sampled(p.expand(n, -1, -1), q.expand(n, -1, -1), draft, torch.zeros(n, dtype=torch.long),
+                                u[:, :2], u[:, 2])
     assert (n_acc == 0).all()
     assert chi2_pvalue(nxt, p[0]) > PASS_P

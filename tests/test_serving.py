@@ -195,7 +195,8 @@ def test_models_health_metrics(server):
                  "specc:inter_token_latency_seconds_count", "specc:generation_tokens_total",
                  "specc:generation_tokens_per_second", "specc:num_requests_waiting", "specc:batch_size_count",
                  "specc:spec_decode_num_drafts_total", "specc:spec_decode_num_draft_tokens_total",
-                 "specc:spec_decode_num_accepted_tokens_total", 'specc:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
+                 "specc:spec_decode_num_accepted_tokens_total",
+                 'specc:spec_decode_num_accepted_tokens_per_pos_total{position="0"}',
                  "specc:spec_decode_k_bucket", 'specc:request_success_total{finished_reason="length"}'):
         assert name in text, name
     assert 'specc:request_errors_total{status="400"}' in text
@@ -355,7 +356,8 @@ def test_the_api_key_comes_from_specc_api_key(monkeypatch):
 
 
 ODD = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6)
-       | st.lists(st.integers(-2, 2**40) | st.text(max_size=3), max_size=3) | st.lists(st.lists(st.integers(-1, 600), max_size=2), max_size=2)
+       | st.lists(st.integers(-2, 2**40) | st.text(max_size=3), max_size=3)
+       | st.lists(st.lists(st.integers(-1, 600), max_size=2), max_size=2)
        | st.dictionaries(st.text(max_size=3), st.integers() | st.text(max_size=2), max_size=2))
 FIELDS = ("model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
           "stream_options", "logprobs", "echo", "best_of", "suffix", "user", "presence_penalty", "logit_bias")

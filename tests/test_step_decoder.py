@@ -41,7 +41,8 @@ def test_rows_with_different_cache_lengths(tmp_path):
         L, H, D = dec.n_layers, dec.n_kv_heads, dec.head_dim
         k = torch.randn(L, 2, H, 12, D)
         v = torch.randn(L, 2, H, 12, D)
-        _, nk, nv = dec(ids[:, :8], torch.arange(8)[None], torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), k[:, :1] * 0, v[:, :1] * 0)
+        _, nk, nv = dec(ids[:, :8], torch.arange(8)[None], torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+                        k[:, :1] * 0, v[:, :1] * 0)
         k[:, 1, :, :8], v[:, 1, :, :8] = nk[:, 0], nv[:, 0]
         lens = torch.tensor([3, 8])
         logits, _, _ = dec(ids[:, 8:].expand(2, 1), lens[:, None], lens, torch.zeros(2, 1, dtype=torch.long), k, v)
@@ -55,8 +56,10 @@ def test_logit_index_selects_positions(tmp_path):
     L, H, D = dec.n_layers, dec.n_kv_heads, dec.head_dim
     empty = torch.zeros(L, 2, H, 0, D)
     with torch.no_grad():
-        full, _, _ = dec(ids, torch.arange(6).expand(2, 6), torch.zeros(2, dtype=torch.long), torch.arange(6).expand(2, 6), empty, empty)
-        picked, _, _ = dec(ids, torch.arange(6).expand(2, 6), torch.zeros(2, dtype=torch.long), torch.tensor([[5], [2]]), empty, empty)
+        full, _, _ = dec(ids, torch.arange(6).expand(2, 6), torch.zeros(2, dtype=torch.long), torch.arange(6).expand(2, 6),
+                         empty, empty)
+        picked, _, _ = dec(ids, torch.arange(6).expand(2, 6), torch.zeros(2, dtype=torch.long), torch.tensor([[5], [2]]),
+                           empty, empty)
     assert torch.allclose(picked[0, 0], full[0, 5], atol=1e-5) and torch.allclose(picked[1, 0], full[1, 2], atol=1e-5)
 
 

@@ -106,7 +106,8 @@ def test_bad_requests(bundles, kwargs, message):
         assert len(model.generate(kwargs["prompts"], max_new_tokens=2)) == 1
         return
     with pytest.raises(RequestError, match=message):
-        model.generate(**kwargs, max_new_tokens=2) if "prompts" not in kwargs else model.generate(kwargs.pop("prompts"), max_new_tokens=2, **kwargs)
+        (model.generate(**kwargs, max_new_tokens=2) if "prompts" not in kwargs
+         else model.generate(kwargs.pop("prompts"), max_new_tokens=2, **kwargs))
 
 
 def test_requests_join_a_running_batch(bundles, prompts):

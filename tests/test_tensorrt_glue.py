@@ -315,7 +315,8 @@ V213 = V212 - {"enabled_precisions"}
     (V213, "fp32", {"disable_tf32": True}),
 ])
 def test_torch_tensorrt_compile_arguments(params, precision, expected):
-    kwargs = torch_tensorrt_backend.compile_kwargs(params, LowerOptions(precision, "cuda", tensorrt=TensorRTSpec(min_block_size=3)), "x")
+    kwargs = torch_tensorrt_backend.compile_kwargs(params,
+                                                   LowerOptions(precision, "cuda", tensorrt=TensorRTSpec(min_block_size=3)), "x")
     assert kwargs["attn_bias_is_causal"] is False and kwargs["min_block_size"] == 3
     assert expected.items() <= kwargs.items()
     assert set(kwargs) <= params
@@ -329,7 +330,8 @@ def test_torch_tensorrt_without_precision_api_says_so():
 def test_fallback_report_counts_ops_left_to_torch():
     acc, fallback, top = torch.fx.Graph(), torch.fx.Graph(), torch.fx.Graph()
     x = fallback.placeholder("x")
-    fallback.output(fallback.call_function(torch.ops.aten.cumsum.default, (fallback.call_function(torch.ops.aten.abs.default, (x,)), 0)))
+    fallback.output(fallback.call_function(torch.ops.aten.cumsum.default,
+                                           (fallback.call_function(torch.ops.aten.abs.default, (x,)), 0)))
     acc.output(acc.placeholder("x"))
     x = top.placeholder("x")
     y = top.call_module("_run_on_acc_0", (x,))

@@ -114,7 +114,8 @@ def test_split_layout_python_engines_serve_any_backend(bundles, tmp_path):
     for role in ("target", "draft"):
         c = found[f"wrong_{role}"]
         assert c.backend == "python" and not c.platform and c.parameters["role"].string_value == role
-        files = sorted(p.relative_to(repo / f"wrong_{role}" / "1").as_posix() for p in (repo / f"wrong_{role}" / "1").rglob("*") if p.is_file())
+        files = sorted(p.relative_to(repo / f"wrong_{role}" / "1").as_posix()
+                       for p in (repo / f"wrong_{role}" / "1").rglob("*") if p.is_file())
         assert "model.py" in files and "bundle/manifest.json" in files
         assert all(f in ("model.py", "bundle/manifest.json") or f.startswith(f"bundle/{role}/") for f in files)
 

@@ -114,7 +114,8 @@ def test_tune_prompt_lookup_uses_the_lookup_cost_and_hit_rate(bundles):
     import specc
     from specc.bench.tune import run_tune
 
-    items = [{"prompt": "abc abc abc abc abc", "chat": False, "kind": ""}, {"prompt": "x = 1\nx = 1\nx =", "chat": False, "kind": ""}]
+    items = [{"prompt": "abc abc abc abc abc", "chat": False, "kind": ""},
+             {"prompt": "x = 1\nx = 1\nx =", "chat": False, "kind": ""}]
     result = run_tune(specc.load(bundles["prompt_lookup"]), items, k_max=3, max_new_tokens=8, repeats=1, timing_prompts=1)
     costs = result["costs"]
     assert costs["draft_step"] is None and 0 <= costs["lookup"] < costs["target_step"]

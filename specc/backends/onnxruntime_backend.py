@@ -29,8 +29,8 @@ def session_options():
 
     Draft and target sessions alternate many times per round. Pools that kept spinning after a run
     would steal the cores from the other session; passive pools pay a thread wake-up for every
-    operator. `session.force_spinning_stop` keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
-    with other busy processes).
+    operator. `session.force_spinning_stop` keeps the spinning inside runs.
+    SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared with other busy processes).
     """
     import onnxruntime as ort
 

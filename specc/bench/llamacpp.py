@@ -106,7 +106,8 @@ def _repack_overrides(lib, gguf: str | Path):
     ggml.ggml_backend_buft_name.restype = ctypes.c_char_p
     ggml.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
     cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-    address = ggml.ggml_backend_reg_get_proc_address(ggml.ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts") if cpu else None
+    address = (ggml.ggml_backend_reg_get_proc_address(ggml.ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts")
+               if cpu else None)
     if not address:
         return None
     extra = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)(cpu)

@@ -206,7 +206,8 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
                          f"EAGLE head); this bundle drafts with {model.draft_method}")
     if max_new_tokens < 2:
-        raise SpeccError(f"--max-new-tokens must be >= 2 (tune measures decoding after prefill's first token), got {max_new_tokens}")
+        raise SpeccError("--max-new-tokens must be >= 2 (tune measures decoding after prefill's first token), "
+                         f"got {max_new_tokens}")
     if check_k and not all(1 <= k <= k_max for k in check_k):
         raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
     prompts = encode_prompts(model, items)
@@ -230,7 +231,8 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         predictions = {k: predicted_speedup(acc, k, costs) for k in range(1, k_max + 1)}
         best = max(predictions, key=predictions.get)
 
-        ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k) if k != "auto" and 1 <= k <= k_max}
+        ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k)
+                                                  if k != "auto" and 1 <= k <= k_max}
                     | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
         systems = [SpeccSystem("target-only", model, {"speculative": False})]
         systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]

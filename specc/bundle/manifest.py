@@ -208,7 +208,8 @@ class GraphEntry:
         rr = r.obj("ranges")
         ranges = {}
         for name, value in rr.data.items():
-            if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            if not (isinstance(value, list) and len(value) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
                     and 0 <= value[0] <= value[1]):
                 raise rr.fail(name, f"expected [min, max] integers with 0 <= min <= max, got {_short(value)}")
             ranges[name] = list(value)

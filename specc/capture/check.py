@@ -69,5 +69,6 @@ def families_table() -> str:
     for f in FAMILIES.values():
         real = ", ".join(f.real_checkpoints) or "—"
         compiled = COMPILED_CHECKS.get(f.name, "not run")
-        rows.append(f"| {f.title} | {', '.join(f.model_types)} | logits and greedy (8 prompts) | {compiled} | {real} | {f.notes} |")
+        rows.append(f"| {f.title} | {', '.join(f.model_types)} | logits and greedy (8 prompts) "
+                    f"| {compiled} | {real} | {f.notes} |")
     return "\n".join(rows)

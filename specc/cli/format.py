@@ -64,9 +64,11 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
     ]
     for role, g in manifest.graphs.items():
         size = sum(manifest.files[f"{g.dir}/{f}"].bytes for f in g.files)
-        lines += ["", f"graph {role}: {g.dir}/{g.entry} ({size / 1e6:.1f} MB)" + (f", quantize {g.quantize}" if g.quantize else "")]
+        lines += ["", f"graph {role}: {g.dir}/{g.entry} ({size / 1e6:.1f} MB)"
+                  + (f", quantize {g.quantize}" if g.quantize else "")]
         m = g.model
-        lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}")
+        lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, "
+                     f"vocab {m['vocab_size']}, {m['dtype']}")
         for i in g.inputs:
             lines.append(f"  in  {i.name:<14} {i.dtype:<8} {i.shape}")
         lines.append(f"  out {', '.join(g.outputs)}")
@@ -138,7 +140,8 @@ def doctor_report() -> str:
     lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}",
              *describe(cpu())]
     cuda = torch.cuda.is_available()
-    lines.append(f"cuda: {torch.cuda.get_device_name(0) + ' (sm_%d%d)' % torch.cuda.get_device_capability(0) if cuda else 'no CUDA device'}")
+    lines.append("cuda: " + (torch.cuda.get_device_name(0) + ' (sm_%d%d)' % torch.cuda.get_device_capability(0)
+                             if cuda else 'no CUDA device'))
     rows = []
     for name in names():
         ok, detail = get_backend(name, check=False).availability()

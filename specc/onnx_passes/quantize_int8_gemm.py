@@ -170,7 +170,8 @@ class QuantizeInt8Gemm(OnnxPass):
             s_init = numpy_helper.from_array(scale, f"{base}.channel_scales")
             model.graph.initializer.extend([q_init, s_init])
             p = f"int8_gemm.x{next(activations)}"
-            nodes = _activation_nodes(node.input[0], p, consts) + _gemm_nodes(p, node.name, base, q_init.name, s_init.name, consts)
+            nodes = (_activation_nodes(node.input[0], p, consts)
+                     + _gemm_nodes(p, node.name, base, q_init.name, s_init.name, consts))
             return nodes, "int8 per channel", q.size + scale.nbytes
 
         counts, weight_bytes = replace_linear_layers(model, config, replace)

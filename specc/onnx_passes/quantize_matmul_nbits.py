@@ -139,7 +139,8 @@ def _offset_nodes(x: str, nbits_out: str, base: str, bw: BlockWeight, n_blocks: 
         raise ValueError(f"{base}: offsets need K ({bw.k}) to be whole blocks of {bw.block_size}")
     key = ("blocks", n_blocks, bw.block_size)
     if key not in shared:
-        shape = numpy_helper.from_array(np.array([-1, n_blocks, bw.block_size], np.int64), f"blockshape_{n_blocks}_{bw.block_size}")
+        shape = numpy_helper.from_array(np.array([-1, n_blocks, bw.block_size], np.int64),
+                                        f"blockshape_{n_blocks}_{bw.block_size}")
         model.graph.initializer.append(shape)
         shared[key] = shape.name
     if "axis" not in shared:

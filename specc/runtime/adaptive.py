@@ -174,7 +174,8 @@ class AdaptiveK:
         self.probe_every, self.probe_idle, self.probe_idle_max = probe_every, probe_idle, probe_idle_max
         self.arms, self.stop_arms = tuple(arms), tuple(stop_arms)
         self.min_gain = min_gain if isinstance(min_gain, dict) else {a: min_gain for a in self.arms}
-        self.idle_gap: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds before its next idle probe (default probe_idle)
+        # (batch size, arm) -> rounds before its next idle probe (default probe_idle)
+        self.idle_gap: dict[tuple[int, str], int] = {}
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
         self.stats = {a: _Arm([0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
@@ -396,7 +397,8 @@ class AdaptiveK:
         if record.stop_below:
             asked, verified = st.reach.setdefault(b, [[0.0] * (self.k_max + 1), [0.0] * (self.k_max + 1)])
             for i in range(1, self.k_max + 1):
-                asked[i], verified[i] = self.decay * asked[i] + (i <= record.k), self.decay * verified[i] + (i <= min(width, record.k))
+                asked[i], verified[i] = (self.decay * asked[i] + (i <= record.k),
+                                         self.decay * verified[i] + (i <= min(width, record.k)))
         drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
         if drafted:
             st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

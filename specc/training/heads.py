@@ -206,7 +206,8 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
     head.train()
     losses, estimate = [], before
     t1 = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.kind}", unit="step", disable=not progress, initial=start, total=cfg.steps)
+    bar = tqdm(range(start, cfg.steps), desc=f"train {cfg.kind}", unit="step", disable=not progress,
+               initial=start, total=cfg.steps)
     for step in bar:
         pick = train[torch.randint(0, len(train), (cfg.batch_seqs,), generator=gen)]
         width = int(data["valid"][pick].sum(-1).max())

@@ -77,7 +77,8 @@ def eagle_loss(head: EagleBase, batch: dict, to_draft, noise: float, unroll: int
     total, weight = 0.0, 0.0
     for s, h in enumerate(eagle_unroll(head, batch["tokens"], head.fc(f_in) if fused else f_in, unroll)):
         m = batch["valid"][:, 1 + s:].float()
-        loss = 0.0 if fused else (F.smooth_l1_loss(h.float(), feats[:, 1 + s:], reduction="none").mean(-1) * m).sum() / m.sum().clamp_min(1)
+        loss = 0.0 if fused else ((F.smooth_l1_loss(h.float(), feats[:, 1 + s:], reduction="none").mean(-1) * m).sum()
+                                  / m.sum().clamp_min(1))
         p, idx = soft_targets(batch["top_val"][:, 1 + s:], batch["top_idx"][:, 1 + s:], to_draft)
         total = total + 0.8 ** s * (loss + 0.5 * _ce(head.reduced_logits(h), p, idx, m))
         weight += 0.8 ** s

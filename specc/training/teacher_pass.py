@@ -25,7 +25,7 @@ def _features(model, seqs: list[tuple[list[int], int]], top_k: int, feature_laye
         t = len(ids)
         out = model.model(torch.tensor([ids]), output_hidden_states=bool(feature_layers))
         if feature_layers:
-            feats = torch.cat([out.hidden_states[l + 1][0] for l in feature_layers], -1)
+            feats = torch.cat([out.hidden_states[layer + 1][0] for layer in feature_layers], -1)
         else:
             feats = out.last_hidden_state[0]
         top = torch.topk(model.lm_head(out.last_hidden_state[0]).float(), top_k, -1)

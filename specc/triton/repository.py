@@ -90,7 +90,8 @@ def write_repository(bundle: str | Path, repo: str | Path, name: str | None = No
                               "(model directories of the same names are replaced, other models are kept)")
     plans = _plan(source.path, source.manifest, name, layout, engines, default_max_tokens, trust_code)
     try:
-        _write(repo, plans, header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
+        _write(repo, plans,
+               header=f"written by specc {__version__} (`specc triton`, layout {layout}) from {source.path.resolve()}")
     except (OSError, ValueError) as exc:
         raise RepositoryError(f"cannot write the repository {repo}: {getattr(exc, 'strerror', None) or exc}") from None
     return plans
@@ -124,7 +125,8 @@ def _plan(bundle: Path, manifest: Manifest, name: str, layout: str, engines: str
         graph_dir = bundle / entry.dir
         if engines == "native":
             files = [(graph_dir / f, f) for f in entry.files]
-            plans.append(ModelPlan(engine_names[role], f"{role} step graph ({PLATFORMS[manifest.backend]}{_opset_note(entry.to_dict())})",
+            plans.append(ModelPlan(engine_names[role],
+                                   f"{role} step graph ({PLATFORMS[manifest.backend]}{_opset_note(entry.to_dict())})",
                                    config, None, files))
         else:
             config["parameters"] = config.get("parameters", []) + _parameters(

@@ -21,6 +21,8 @@ def draft_chain(batch: Batch, params: RowParams, plan: DraftPlan, logits: torch.
     stops = Stops(drafting, plan.k, plan.stop_below, plan.stop_chain)
     tokens, probs = [], []
     for i in range(plan.k):
+        if params.rules:  # penalties, logit_bias, grammar: draw from the distribution the target is held to
+            logits = params.rules.apply(logits, tokens, start=i)
         tok, q = choose(logits, params, noise[:, i])
         tokens.append(tok)
         probs.append(q)

@@ -74,3 +74,136 @@ def test_json_schema_greedy_speculation_is_valid_and_exact(bundles, name):
         for c in fast:
             assert c.finish_reason == "stop", c.text
             jsonschema.validate(json.loads(c.text), schema)
+
+
+# -- sampled: the distribution is the transformed target's -------------------------------------------------
+from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation  # noqa: E402
+
+VOCAB, PROMPT, N = 24, [3, 1, 4, 1, 5], 3072
+SAMPLED_PENALTIES = {"presence_penalty": 2.0, "frequency_penalty": 2.0, "repetition_penalty": 1.2,
+                     "logit_bias": {"7": 2.0, "2": -100}}
+DIGITS = {"type": "string", "pattern": "^[0-4][5-8][0-8]$"}  # the byte tokenizer's ids 15..23 are "0".."8"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    from conftest import build_bundle
+    from specc.testing import derive_draft, make_tiny_model
+
+    root = tmp_path_factory.mktemp("rules_small")
+    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
+    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
+    bundle = build_bundle(root / "chain", target, {"method": "model", "model": str(draft)},
+                          limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
+    return target, bundle
+
+
+def _reference_transform(logits, prompt, out, rules):
+    """An independent eager statement of the documented order: repetition, presence/frequency, bias, then mask."""
+    logits = logits.clone()
+    r = rules.get("repetition_penalty", 1.0)
+    for t in set(prompt) | set(out):
+        logits[t] = logits[t] / r if logits[t] > 0 else logits[t] * r
+    for t in set(out):
+        logits[t] -= rules.get("frequency_penalty", 0.0) * out.count(t) + rules.get("presence_penalty", 0.0)
+    for t, b in rules.get("logit_bias", {}).items():
+        logits[int(t)] += b
+    allowed = rules.get("allowed")
+    if allowed is not None:
+        mask = torch.full_like(logits, float("-inf"))
+        mask[allowed[len(out)]] = 0
+        logits = logits + mask
+    return torch.softmax(logits, -1)
+
+
+def _exact_marginals(target, rules):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(target).eval()
+
+    def p(out):
+        with torch.no_grad():
+            logits = hf(torch.tensor([PROMPT + out])).logits[0, -1].float()
+        return _reference_transform(logits, PROMPT, out, rules)
+
+    p1 = p([])
+    m2, m3 = torch.zeros(VOCAB), torch.zeros(VOCAB)
+    for a in range(VOCAB):
+        if p1[a] < 1e-9:
+            continue
+        p2 = p([a])
+        m2 += p1[a] * p2
+        for b in range(VOCAB):
+            if p1[a] * p2[b] > 1e-9:
+                m3 += p1[a] * p2[b] * p([a, b])
+    return p1.numpy(), m2.numpy(), m3.numpy()
+
+
+def _draw(bundle, **kwargs):
+    import numpy as np
+
+    model = specc.load(bundle)
+    out = []
+    for lo in range(0, N, 512):
+        done = model.generate([PROMPT] * 512, max_new_tokens=3, seed=list(range(lo, lo + 512)), temperature=1.0, **kwargs)
+        out += [c.token_ids for c in done]
+    assert model.last_stats.to_dict()["acceptance_rate"] > 0.05
+    return np.array(out)
+
+
+def _untransformed_target(self, logits, drafts=None, start=0):
+    """The broken twin of BatchRules.apply: the drafter draws from the penalised distribution and reports it
+    as q, but the target's verify pass (several positions) is left as the model gives it."""
+    if logits.dim() == 3 and logits.shape[1] > 1:
+        return logits
+    return _apply(self, logits, drafts, start)
+
+
+from specc.runtime.rules import BatchRules  # noqa: E402
+
+_apply = BatchRules.apply
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["exact", "broken-twin"])
+def test_sampled_penalties_follow_the_penalised_target(small, monkeypatch, broken):
+    """Each verified position is penalised for the output and the drafts before it (the exact marginals of the
+    third token depend on that); a twin whose target pass is not penalised is caught."""
+    target, bundle = small
+    exact = _exact_marginals(target, SAMPLED_PENALTIES)
+    if broken:
+        monkeypatch.setattr(BatchRules, "apply", _untransformed_target)
+    samples = _draw(bundle, **SAMPLED_PENALTIES)
+    assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P  # the first token comes from the prefill, untouched
+    p = [chi2_pvalue(samples[:, i], exact[i]) for i in (1, 2)]
+    tv = [round(total_variation(samples[:, i], exact[i]), 3) for i in (1, 2)]
+    assert (min(p) < FAIL_P) if broken else (min(p) > PASS_P), f"p {p}, TV {tv}"
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["exact", "broken-twin"])
+def test_sampled_grammar_follows_the_constrained_target(small, monkeypatch, broken):
+    """Sampled output under a pattern grammar has the masked target's distribution; a drafter that draws
+    from the masked distribution but reports the unmasked one as its q is caught."""
+    from specc.runtime.drafters import loops
+
+    target, bundle = small
+    allowed = [[1], list(range(15, 20)), list(range(20, 24))]  # '"', then [0-4], then [5-8]
+    exact = _exact_marginals(target, {"allowed": allowed})
+    if broken:
+        seen = {}
+
+        def apply(self, logits, drafts=None, start=0):
+            seen["raw"] = logits
+            return _apply(self, logits, drafts, start)
+
+        def choose(logits, params, u):
+            tok, _ = _choose(logits, params, u)
+            return tok, _choose(seen["raw"], params, u)[1]  # q of the unmasked logits
+
+        _choose = loops.choose
+        monkeypatch.setattr(BatchRules, "apply", apply)
+        monkeypatch.setattr(loops, "choose", choose)
+    samples = _draw(bundle, json_schema=DIGITS)
+    assert set(samples[:, 0]) == {1}
+    p = [chi2_pvalue(samples[:, i], exact[i]) for i in (1, 2)]
+    tv = [round(total_variation(samples[:, i], exact[i]), 3) for i in (1, 2)]
+    assert (min(p) < FAIL_P) if broken else (min(p) > PASS_P), f"p {p}, TV {tv}"

@@ -95,6 +95,25 @@ class RowRule:
             for tok, b in rules.logit_bias:
                 self.bias[tok] = float(b)
 
+    @property
+    def penalises(self) -> bool:
+        r = self.rules
+        return bool(r.presence_penalty or r.frequency_penalty or r.repetition_penalty != 1.0 or r.logit_bias)
+
+    def _accept(self, token: int) -> bool:
+        """Advance the matcher over one token if the grammar allows it there (checked on the mask first:
+        xgrammar warns on ids it cannot accept)."""
+        import xgrammar as xgr
+
+        m = self.matcher
+        if m.is_terminated():
+            return False
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab)
+        m.fill_next_token_bitmask(bitmask)
+        if not 0 <= token < self.vocab or not (int(bitmask[0, token // 32]) >> (token % 32)) & 1:
+            return False
+        return m.accept_token(token)
+
     def commit(self, tokens: list[int]) -> None:
         """The row emitted these tokens: advance the grammar over them."""
         if self.matcher is not None:
@@ -137,7 +156,7 @@ class RowRule:
         bitmask = xgr.allocate_token_bitmask(n, self.vocab)
         advanced, ok = 0, True
         for t in drafts[:start]:
-            if not (ok := (not m.is_terminated() and m.accept_token(t))):
+            if not (ok := self._accept(t)):
                 break
             advanced += 1
         for j in range(n):
@@ -146,7 +165,9 @@ class RowRule:
             else:
                 bitmask[j] = bitmask[j - 1] if j else -1  # unreachable: leave unmasked
             if j + 1 < n and ok:
-                ok = not m.is_terminated() and m.accept_token(drafts[start + j])
+                t = drafts[start + j]
+                ok = not m.is_terminated() and 0 <= t < self.vocab and bool((int(bitmask[j, t // 32]) >> (t % 32)) & 1)
+                ok = ok and m.accept_token(t)
                 advanced += ok
         if advanced:
             m.rollback(advanced)
@@ -158,7 +179,7 @@ class RowRule:
             return len(drafts)
         n = 0
         for t in drafts:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(t):
+            if not self._accept(t):
                 break
             n += 1
         if n:
@@ -185,23 +206,57 @@ class BatchRules:
         flat = logits.dim() == 2
         logits = logits[:, None] if flat else logits
         drafts = _lists(drafts, len(self.rows))
-        out = logits.float().clone()
+        out = self._penalise(logits.float().clone(), drafts, start)
         for b, rule in enumerate(self.rows):
-            if rule is not None:
-                out[b] = rule.apply(out[b], self.outs[b], drafts[b], start)
+            if rule is not None and rule.matcher is not None:
+                rule._mask(out[b], drafts[b], start)
         return out[:, 0] if flat else out
 
-    def apply_tree(self, logits: torch.Tensor, trees) -> torch.Tensor:
-        """logits [B, N, V] at each row's tree nodes (root first); node i follows the path to it."""
+    def _penalise(self, logits: torch.Tensor, drafts: list[list[int]], start: int) -> torch.Tensor:
+        """Penalties and logit_bias of every row at once (RowRule.apply's first steps, batched): logits [B, n, V]."""
+        rows = [b for b, r in enumerate(self.rows) if r is not None and r.penalises]
+        if not rows:
+            return logits
+        n, vocab, device = logits.shape[1], logits.shape[-1], logits.device
+        idx = torch.tensor(rows, device=device)
+        rules = [self.rows[b] for b in rows]
+        seen = torch.zeros(len(rows), n, vocab, device=device)
+        for i, b in enumerate(rows):
+            hist = self.outs[b] + drafts[b][:start + n - 1]
+            if hist:
+                ones = torch.zeros(len(hist), vocab, device=device)
+                ones[torch.arange(len(hist)), torch.tensor(hist, device=device).clamp(max=vocab - 1)] = 1
+                total = torch.cumsum(ones, 0)  # counts after each history token
+                base = len(self.outs[b]) + start  # position j has seen base + j tokens
+                at = torch.arange(base, base + n, device=device) - 1
+                seen[i] = torch.where(at[:, None] >= 0, total[at.clamp(min=0)], 0.0)
+        x = logits[idx]
+        rep = torch.tensor([r.rules.repetition_penalty for r in rules], device=device)[:, None, None]
+        prompt = torch.zeros(len(rows), 1, vocab, dtype=torch.bool, device=device)
+        for i, r in enumerate(rules):
+            prompt[i, 0, torch.tensor(r.prompt, device=device).clamp(max=vocab - 1)] = True
+        hit = prompt | (seen > 0)
+        x = torch.where(hit, torch.where(x > 0, x / rep, x * rep), x)
+        freq = torch.tensor([r.rules.frequency_penalty for r in rules], device=device)[:, None, None]
+        pres = torch.tensor([r.rules.presence_penalty for r in rules], device=device)[:, None, None]
+        x = x - freq * seen - pres * (seen > 0).float()
+        bias = torch.stack([r.bias[:vocab] if r.bias is not None else torch.zeros(vocab) for r in rules]).to(device)
+        logits[idx] = x + bias[:, None]
+        return logits
+
+    def apply_tree(self, logits: torch.Tensor, trees, nodes: list[list[int]] | None = None) -> torch.Tensor:
+        """logits [B, F, V] at row b's tree nodes nodes[b] (default: every node, root first); node i follows
+        the path from the root to it. Logits shared by several nodes (F == 1, a Medusa head) stay as they are."""
         if not self.transforms:
             return logits
         out = logits.float().clone()
         for b, (rule, tree) in enumerate(zip(self.rows, trees)):
-            if rule is None or not rule.rules.transforms:
+            row_nodes = range(tree.size + 1) if nodes is None else nodes[b]
+            if rule is None or not rule.rules.transforms or (out.shape[1] == 1 and len(row_nodes) > 1):
                 continue
-            for node in range(tree.size + 1):
+            for f, node in enumerate(row_nodes):
                 path = [tree.tokens[a] for a in reversed(tree.ancestors(node)[:-1])]  # drafts after the root
-                out[b, node] = rule.apply(out[b, node:node + 1], self.outs[b], path, start=len(path))[0]
+                out[b, f] = rule.apply(out[b, f:f + 1], self.outs[b], path, start=len(path))[0]
         return out
 
     def clip(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

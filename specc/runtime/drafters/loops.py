@@ -46,6 +46,8 @@ def grow_tree(batch: Batch, shape: TreeShape, params: RowParams, logits: torch.T
     frontier = [[0] for _ in trees]
     depth = shape.depth if depth is None else depth
     for level in range(1, depth + 1):
+        if params.rules:  # as in draft_chain: each node's children drawn from the transformed distribution
+            logits = params.rules.apply_tree(logits, trees, frontier)
         frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
         if level == depth or not any(frontier):
             break

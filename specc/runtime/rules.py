@@ -280,15 +280,17 @@ class BatchRules:
 
 
     def prompt_logprobs(self, logits: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> list | None:
-        """Per row asking for them: its prompt tokens' logprobs from the second on, read from a prefill's
-        logits [B, T, V] at rows [B, T] (every prompt row). The model's own: no transform applies to a prompt."""
+        """Per row asking for them: its prompt tokens' logprobs, read from a prefill's logits [B, T, V] at rows
+        [B, T] (every prompt row); the first token has none (logprob None). The model's own: no transform
+        applies to a prompt."""
         out = []
         for b, rule in enumerate(self.rows):
             if rule is None or not rule.rules.prompt_logprobs:
                 out.append(None)
                 continue
             n = len(rule.prompt)
-            out.append(token_logprobs(logits[b, : n - 1], rule.prompt[1:], rule.rules.logprobs or 0))
+            first = (rule.prompt[0], None, [])
+            out.append([first] + token_logprobs(logits[b, : n - 1], rule.prompt[1:], rule.rules.logprobs or 0))
         return out
 
 

@@ -41,7 +41,7 @@ class StreamEvent:
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
     stats: dict | None = None  # the request's speculation stats, on its last event
     logprobs: list | None = None  # per token of token_ids: (token, logprob, [(alternative, logprob)]) when asked
-    prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's from its second token
+    prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's (the first token's logprob None)
 
 
 class Scheduler:

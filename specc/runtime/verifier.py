@@ -34,7 +34,7 @@ class Verdict:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     index: torch.Tensor | None = None
     logprobs: list | None = None  # per row asking for them: its emitted tokens' logprobs (runtime/rules.py)
-    prompt_logprobs: list | None = None  # per row asking for them at prefill: its prompt's (from the 2nd token)
+    prompt_logprobs: list | None = None  # per row asking for them at prefill: its prompt's
 
     def commit(self, cache: KVCache) -> None:
         """Write the accepted tokens' KV (and the pending token's) into the cache."""

@@ -2,8 +2,9 @@
 
 Requests are parsed from the raw JSON in pydantic's strict mode, so a string where a number
 belongs is an error, not a guess. Fields of the OpenAI API that specc does not implement are
-refused when set to anything but their neutral value (logprobs, penalties, logit_bias, echo,
-best_of, suffix, tools); other unknown fields are ignored, as OpenAI-compatible servers do.
+refused when set to anything but their neutral value (best_of, suffix, tools); other unknown
+fields are ignored, as OpenAI-compatible servers do. Penalties, logit_bias, logprobs, echo and
+response_format (json_object, json_schema) are implemented (runtime/rules.py, runtime/grammar.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -32,6 +33,26 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object: {"name": ..., "schema": {...}}')
+        return self
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -45,13 +66,19 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # OpenAI fields specc does not implement: accepted only at their neutral values
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=10, description="extension (as in vLLM): 1 = off")
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100], checked by the model
+    response_format: ResponseFormat | None = None
     user: str | None = None
+
+    def json_schema(self):
+        """What response_format asks the grammar for: None, "json_object" or the schema (a dict)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        return "json_object" if fmt.type == "json_object" else fmt.json_schema.schema_
 
     @field_validator("stop")
     @classmethod
@@ -63,20 +90,26 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> list[str]:
         """Fields set to something specc cannot do."""
-        bad = [name for name in ("presence_penalty", "frequency_penalty") if getattr(self, name) != 0]
-        bad += [name for name in ("logprobs", "top_logprobs", "logit_bias") if getattr(self, name) not in (None, False, {}, 0)]
-        return bad
+        return []
+
+    def conflicts(self) -> list[tuple[str, str]]:
+        """(field, message) for fields whose values are valid alone but not together."""
+        return []
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's completions bound
     best_of: int | None = None
     suffix: str | None = None
 
+    @property
+    def top_logprobs(self) -> int | None:
+        return self.logprobs
+
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        bad += ["echo"] if self.echo else []
         bad += ["best_of"] if self.best_of not in (None, 1) else []
         bad += ["suffix"] if self.suffix else []
         return bad
@@ -109,13 +142,23 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: Any = None
-    response_format: Any = None
+    logprobs: bool = False
+    top_logprobs_: int | None = Field(None, ge=0, le=20, alias="top_logprobs")
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs is on (0 without top_logprobs); None: no logprobs."""
+        return (self.top_logprobs_ or 0) if self.logprobs else None
+
+    def conflicts(self) -> list[tuple[str, str]]:
+        if self.top_logprobs_ is not None and not self.logprobs:
+            return [("top_logprobs", "top_logprobs needs logprobs: true")]
+        return []
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
         bad += ["tools"] if self.tools else []
-        fmt = self.response_format
-        bad += ["response_format"] if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text") else []
         return bad
 
     def conversation(self) -> list[dict[str, str]]:
@@ -135,6 +178,8 @@ def parse_request(cls: type[_Sampling], raw: bytes) -> _Sampling:
     bad = req.unsupported()
     if bad:
         raise APIError(400, f"{bad[0]}: not supported by specc serve; leave it unset", bad[0])
+    for param, message in req.conflicts():
+        raise APIError(400, f"{param}: {message}", param)
     if getattr(req, "max_completion_tokens", None) is not None and req.max_tokens is None:
         req.max_tokens = req.max_completion_tokens
     return req
@@ -178,11 +223,35 @@ def completion_object(rid: str, model: str, choices: list[dict], use: dict | Non
     return out
 
 
-def choice(index: int, text: str, finish_reason: str | None, chat: bool, chunk: bool, first: bool = False) -> dict:
+def choice(index: int, text: str, finish_reason: str | None, chat: bool, chunk: bool, first: bool = False,
+           logprobs: dict | None = None) -> dict:
     if not chat:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if not chunk:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish_reason}
     delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def logprobs_object(entries: list[tuple], tokenizer, chat: bool, offset: int = 0) -> tuple[dict, int]:
+    """OpenAI's logprobs object of (token, logprob, [(alternative, logprob)]) entries (a logprob of None: the
+    prompt's first token) and the text offset after them. Chat: {"content": [...]}; completions: tokens,
+    token_logprobs, top_logprobs, text_offset (the sampled token is always among its top_logprobs, as in vLLM)."""
+    def text(t):
+        return tokenizer.decode([t])
+
+    if chat:
+        def item(t, lp):
+            s = text(t)
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+        return {"content": [{**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in alts]}
+                            for t, lp, alts in entries]}, offset
+    tokens, offsets = [], []
+    for t, _, _ in entries:
+        tokens.append(text(t))
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    tops = [None if lp is None else {**{text(a): alp for a, alp in alts}, text(t): lp} for t, lp, alts in entries]
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
+            "text_offset": offsets}, offset

@@ -340,3 +340,16 @@ def test_a_verify_head_bundle_refuses_host_rules_clearly(bundles):
     for kw in ({"logprobs": 1}, {"presence_penalty": 1.0}, {"json_schema": SCHEMAS[0]}):
         with pytest.raises(RequestError, match="verification head"):
             model.generate(["ab"], max_new_tokens=4, **kw)
+
+
+def test_generate_cli_takes_a_json_schema_file(bundles, tmp_path, capsys):
+    from specc.cli import main
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMAS[0]))
+    assert main(["generate", str(bundles["draft"]), "--prompt", "hi", "--json-schema", str(schema),
+                 "--max-new-tokens", "40", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(_parse(out["completions"][0])) == {"ok", "n"}
+    schema.write_text("[1, 2]")
+    assert main(["generate", str(bundles["draft"]), "--prompt", "hi", "--json-schema", str(schema)]) == 2

@@ -64,5 +64,5 @@ def schema_text(schema) -> str:
     if isinstance(schema, str):
         return schema
     if isinstance(schema, (dict, bool)):
-        return json.dumps(schema, sort_keys=True)
+        return json.dumps(schema)  # key order kept: it is the order the grammar writes properties in
     raise RequestError(f"json_schema must be a JSON schema (a dict or JSON text), got {type(schema).__name__}")

@@ -221,15 +221,11 @@ class BatchRules:
         idx = torch.tensor(rows, device=device)
         rules = [self.rows[b] for b in rows]
         seen = torch.zeros(len(rows), n, vocab, device=device)
-        for i, b in enumerate(rows):
-            hist = self.outs[b] + drafts[b][:start + n - 1]
-            if hist:
-                ones = torch.zeros(len(hist), vocab, device=device)
-                ones[torch.arange(len(hist)), torch.tensor(hist, device=device).clamp(max=vocab - 1)] = 1
-                total = torch.cumsum(ones, 0)  # counts after each history token
-                base = len(self.outs[b]) + start  # position j has seen base + j tokens
-                at = torch.arange(base, base + n, device=device) - 1
-                seen[i] = torch.where(at[:, None] >= 0, total[at.clamp(min=0)], 0.0)
+        for i, b in enumerate(rows):  # counts before position 0, then each draft counted from the next position on
+            before = torch.tensor(self.outs[b] + drafts[b][:start], dtype=torch.long, device=device).clamp(max=vocab - 1)
+            seen[i] = torch.bincount(before, minlength=vocab)[:vocab].float()
+            for j in range(1, n):
+                seen[i, j:, min(drafts[b][start + j - 1], vocab - 1)] += 1
         x = logits[idx]
         rep = torch.tensor([r.rules.repetition_penalty for r in rules], device=device)[:, None, None]
         prompt = torch.zeros(len(rows), 1, vocab, dtype=torch.bool, device=device)

@@ -156,8 +156,8 @@ def test_a_request_larger_than_the_queue_is_400_not_429(live):
 # -- 6: what is not honoured is refused ----------------------------------------------------------------
 @pytest.mark.parametrize("path, extra, param", [
     ("/v1/completions", {"prompt": []}, "prompt"),
-    ("/v1/completions", {"logprobs": 0}, "logprobs"),
-    ("/v1/completions", {"logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"logprobs": 6}, "logprobs"),  # honoured from 0 to 5 (tests/test_structured.py)
+    ("/v1/completions", {"logprobs": -1}, "logprobs"),
     ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"min_p": 0.1}, "min_p"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
@@ -165,8 +165,8 @@ def test_a_request_larger_than_the_queue_is_400_not_429(live):
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"logprobs": "yes"}, "logprobs"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
     ("/v1/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/chat/completions", {"ignore_eos": True}, "ignore_eos"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},

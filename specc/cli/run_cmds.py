@@ -57,10 +57,34 @@ def check_run_inputs(args: argparse.Namespace) -> None:
     checks.at_least(getattr(args, "max_new_tokens", None), "--max-new-tokens")
 
 
+def read_rules(args: argparse.Namespace) -> dict:
+    """--json-schema, the penalties and --logprobs as `generate` arguments, checked before anything loads."""
+    schema = None
+    if args.json_schema is not None:
+        checks.input_file(args.json_schema, "--json-schema")
+        try:
+            schema = json.loads(args.json_schema.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise SpeccError(f"--json-schema {args.json_schema}: not a JSON file ({exc})") from None
+        if not isinstance(schema, dict):
+            raise SpeccError(f"--json-schema {args.json_schema}: allowed a JSON schema object, got {type(schema).__name__}")
+    for flag, value, low, high in (("--presence-penalty", args.presence_penalty, -2, 2),
+                                   ("--frequency-penalty", args.frequency_penalty, -2, 2)):
+        if not low <= value <= high:
+            raise SpeccError(f"{flag} {value}: allowed a number in [{low}, {high}]")
+    if not 0 < args.repetition_penalty <= 10:
+        raise SpeccError(f"--repetition-penalty {args.repetition_penalty}: allowed a number in (0, 10] (1 = off)")
+    if args.logprobs is not None and not 0 <= args.logprobs <= 20:
+        raise SpeccError(f"--logprobs {args.logprobs}: allowed an integer in [0, 20]")
+    return dict(json_schema=schema, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                repetition_penalty=args.repetition_penalty, logprobs=args.logprobs)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     check_run_inputs(args)
     checks.input_file(args.chat_template, "--chat-template")
     items = read_prompts(args)
+    rules = read_rules(args)
     from ..runtime.model import read_chat_template
     from ..runtime.stats import RunStats
     from .format import format_run_stats
@@ -70,7 +94,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if template is not None:
         model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
+                  seed=args.seed, stop=args.stop or (), speculative=not args.no_speculation, k=args.k, **rules)
+    logprobs: dict[int, list] = {}
     texts: dict[int, str] = {}
     run = RunStats()  # every group's figures (chat and plain prompts run as two calls)
     echo = args.stream and len(items) == 1 and not json_to_stdout(args)
@@ -88,10 +113,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
             result = model.generate([items[i]["prompt"] for i in idx], chat=chat, **kwargs)
             for c in result:
                 texts[idx[c.index]] = c.text
+                logprobs[idx[c.index]] = c.logprobs
             group = result.stats
         run.merge(group)
     stats = run.to_dict()
     result = {"bundle_id": model.bundle.id, "completions": [texts[i] for i in range(len(items))], "stats": stats}
+    if args.logprobs is not None and not args.stream:
+        result["logprobs"] = [[{"token": t, "logprob": lp, "top": alts} for t, lp, alts in logprobs[i] or []]
+                              for i in range(len(items))]
     if json_to_stdout(args):
         write_json(args, result)
         return 0
@@ -208,6 +237,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_sampling(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    p.add_argument("--json-schema", type=Path, metavar="FILE",
+                   help="constrain every output to the JSON schema in FILE (xgrammar; speculation stays exact)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logits of tokens already generated, in [-2, 2]")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times each token's count so far from its logit, in [-2, 2]")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide positive (multiply negative) logits of prompt and generated tokens by this; 1 = off")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's logprob and its N most likely alternatives (default: none)")
     p.add_argument("--no-speculation", action="store_true", help="target only, on the same compiled target")
     p.add_argument("--k", type=k_value, default=None,
                    help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "

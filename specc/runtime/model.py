@@ -16,6 +16,8 @@ from ..errors import RequestError, SpeccError, escape_control
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, build_drafter
+from .grammar import Grammars, schema_text
+from .rules import RowRule, Rules
 from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
@@ -33,6 +35,8 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     stats: dict
+    logprobs: list | None = None  # per token, when asked: (token, logprob, [(alternative, logprob)])
+    prompt_logprobs: list | None = None
 
 
 class SpecModel:
@@ -62,6 +66,7 @@ class SpecModel:
             dataclasses.asdict(recipe.draft), m.draft.graph, self._load_graph, self.max_context,
             self.target.dims.vocab_size))
         self.tokenizer = load_tokenizer(bundle)
+        self.grammars = Grammars(self.tokenizer, self.target.dims.vocab_size, self.eos_ids)  # compiles on first use
         if self.min_pass_rows is None and self.drafter is not None:
             logging.getLogger("specc").warning(
                 "bundle %s: on this CPU its quantised target computes a row differently in passes of different sizes, "
@@ -100,19 +105,28 @@ class SpecModel:
         single = isinstance(prompts, str)
         collected: dict[int, list] = {}
         stats: dict[int, dict] = {}
+        logprobs: dict[int, list] = {}
+        prompt_logprobs: dict[int, list] = {}
         run = RunStats()
         for ev in self.stream([prompts] if single else prompts, run_stats=run, **kwargs):
             text, ids, reason = collected.setdefault(ev.index, ["", [], None])
             collected[ev.index] = [text + ev.text, ids + ev.token_ids, ev.finish_reason or reason]
+            if ev.logprobs is not None:
+                logprobs.setdefault(ev.index, []).extend(ev.logprobs)
+            if ev.prompt_logprobs is not None:
+                prompt_logprobs[ev.index] = ev.prompt_logprobs
             if ev.stats is not None:
                 stats[ev.index] = ev.stats
-        return Completions([Completion(i, *collected[i], stats=stats[i]) for i in sorted(collected)], run)
+        return Completions([Completion(i, *collected[i], stats=stats[i], logprobs=logprobs.get(i),
+                                       prompt_logprobs=prompt_logprobs.get(i)) for i in sorted(collected)], run)
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                seed: int | Seq[int] = 0, stop: Seq[str] = (), speculative: bool = True, k: int | str | None = None,
                tree: TreeShape | None = None, chat: bool = False, stop_below: float | None = None,
-               run_stats: RunStats | None = None) -> Iterator[StreamEvent]:
+               run_stats: RunStats | None = None, json_schema=None, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
+               logprobs: int | None = None, prompt_logprobs: bool = False) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
@@ -124,15 +138,23 @@ class SpecModel:
         the drafter gave a probability below this (default: the recipe's draft.stop_below; under k auto
         any value above 0 turns on stops at the policy's own threshold). run_stats: a RunStats this call fills
         (its own figures, safe under concurrent calls); `last_stats` is whichever call started last.
+        json_schema: constrain the output to this JSON schema (a dict or JSON text; "json_object": any JSON
+        object); presence/frequency/repetition_penalty, logit_bias ({token id: bias}): logits transforms;
+        logprobs: report each token's logprob and this many alternatives; prompt_logprobs: the prompt's too
+        (runtime/rules.py says which distribution). Speculation stays exact under all of them.
         """
         params = self.sampling_params(temperature, top_k, top_p)
+        rules = self.rules(json_schema=json_schema, presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+                           logit_bias=logit_bias, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
         scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree, stop_below=stop_below)
         if run_stats is not None:
             scheduler.stats = run_stats
         for i, ids in enumerate(encoded):
-            scheduler.submit(self.new_request(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.lookahead))
+            scheduler.submit(self.new_request(i, ids, max_new_tokens, params, seeds[i], stop, k=scheduler.lookahead,
+                                              rules=rules))
         self.last_stats = scheduler.stats
         while scheduler.busy:
             yield from scheduler.step()
@@ -146,8 +168,28 @@ class SpecModel:
             self.defaults.top_p if top_p is None else top_p,
         ).validate()
 
+    def rules(self, json_schema=None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+              repetition_penalty: float = 1.0, logit_bias: dict | None = None, logprobs: int | None = None,
+              prompt_logprobs: bool = False) -> Rules | None:
+        """A request's host-side rules, validated (None when it asks for none)."""
+        if logit_bias is not None and not isinstance(logit_bias, dict):
+            raise RequestError(f"logit_bias must be a mapping of token id to bias, got {type(logit_bias).__name__}")
+        bias = []
+        for tok, b in (logit_bias or {}).items():
+            if isinstance(tok, str):
+                if not tok.strip().lstrip("-").isdigit():
+                    raise RequestError(f"logit_bias: key {tok!r} is not a token id")
+                tok = int(tok)
+            bias.append((tok, b))
+        rules = Rules(presence_penalty, frequency_penalty, repetition_penalty, tuple(sorted(bias, key=lambda x: str(x[0]))),
+                      logprobs, bool(prompt_logprobs), None if json_schema is None else schema_text(json_schema))
+        rules = rules.validate(self.target.dims.vocab_size)
+        if rules.json_schema is not None:
+            self.grammars.compile(rules.json_schema)  # a schema the library cannot compile fails here
+        return rules if rules.any else None
+
     def new_request(self, index: int, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-                    seed: int, stop: Seq[str] = (), k: int = 0) -> Request:
+                    seed: int, stop: Seq[str] = (), k: int = 0, rules: Rules | None = None) -> Request:
         """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead)."""
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -165,8 +207,16 @@ class SpecModel:
                 f"above this bundle's max_context {self.max_context}; shorten the prompt or max_new_tokens, "
                 "or compile with a larger limits.max_context"
             )
+        rule = None
+        if rules is not None and rules.any:
+            if self.target.verify_head:
+                raise RequestError("this bundle accepts drafts inside its target graph (speculation.verify_head), so "
+                                   "its logits never reach the host: logprobs, penalties, logit_bias and structured "
+                                   "output need a bundle compiled without the verification head")
+            matcher = None if rules.json_schema is None else self.grammars.matcher(rules.json_schema)
+            rule = RowRule(rules, prompt_ids, self.target.dims.vocab_size, matcher)
         return Request(index, list(prompt_ids), max_new_tokens, params, torch.Generator().manual_seed(seed),
-                       TextStream(self.tokenizer, tuple(stop)))
+                       TextStream(self.tokenizer, tuple(stop)), rule=rule)
 
     def encode(self, prompts, chat: bool = False) -> list[list[int]]:
         """Token ids of each prompt (strings, or token-id lists checked against the vocabulary)."""

@@ -27,6 +27,7 @@ class RoundResult:
     draft_seconds: float = 0.0  # drafting, without catch-up
     verify_seconds: float = 0.0  # the target pass and acceptance
     info: DraftInfo = field(default_factory=DraftInfo)
+    logprobs: list | None = None  # per row asking for them: its new tokens' logprobs (Verdict.logprobs)
 
 
 def plain_round(batch: Batch, verifier: Verifier, drafter: Drafter | None = None) -> RoundResult:
@@ -41,7 +42,7 @@ def plain_round(batch: Batch, verifier: Verifier, drafter: Drafter | None = None
         drafter.after_verify(batch, verdict)
     zeros = [0] * len(batch.seqs)
     return RoundResult([[t] for t in verdict.next_token.tolist()], zeros, zeros,
-                       verify_seconds=time.perf_counter() - start)
+                       verify_seconds=time.perf_counter() - start, logprobs=verdict.logprobs)
 
 
 def chain_round(batch: Batch, drafter: Drafter, verifier: Verifier, plan: DraftPlan) -> RoundResult:
@@ -60,7 +61,7 @@ def chain_round(batch: Batch, drafter: Drafter, verifier: Verifier, plan: DraftP
     tokens = [d[:n] + [t] for d, n, t in zip(proposal.tokens.tolist(), accepted, verdict.next_token.tolist())]
     info = proposal.info
     return RoundResult(tokens, proposal.lengths.tolist(), accepted, proposal.source,                # emit
-                       drafted_at - start - info.catch_up_seconds, verified_at - drafted_at, info)
+                       drafted_at - start - info.catch_up_seconds, verified_at - drafted_at, info, verdict.logprobs)
 
 
 def tree_round(batch: Batch, drafter: Drafter, verifier: Verifier, shape: TreeShape) -> RoundResult:
@@ -75,4 +76,4 @@ def tree_round(batch: Batch, drafter: Drafter, verifier: Verifier, shape: TreeSh
     drafter.after_verify(batch, verdict)
     tokens = [path + [t] for path, t in zip(paths, verdict.next_token.tolist())]              # emit
     return RoundResult(tokens, [max(t.depth) for t in trees], [len(p) for p in paths], drafter.kind,
-                       drafted_at - start, verified_at - drafted_at)
+                       drafted_at - start, verified_at - drafted_at, logprobs=verdict.logprobs)

@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..errors import RequestError
 from ..limits import MAX_K, is_probability
 from ..speculation.tree import TreeShape
@@ -20,6 +22,7 @@ from .adaptive import RoundRecord
 from .drafters.base import DraftPlan
 from .kv_cache import KVCache
 from .planning import Planner, make_planner
+from .verifier import Verdict
 from .rounds import RoundResult, chain_round, plain_round, tree_round
 from .state import Batch, Request
 from .stats import RunStats
@@ -37,6 +40,8 @@ class StreamEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
     stats: dict | None = None  # the request's speculation stats, on its last event
+    logprobs: list | None = None  # per token of token_ids: (token, logprob, [(alternative, logprob)]) when asked
+    prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's (the first token's logprob None)
 
 
 class Scheduler:
@@ -135,7 +140,7 @@ class Scheduler:
             result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
         self.last_round = self.planner.observe(batch, plan, result, time.perf_counter() - start)
         self._account(batch, result)
-        events = self._advance(batch, result.tokens)
+        events = self._advance(batch, result.tokens, result.logprobs)
         if not batch.seqs:
             self.batch = None
         return events
@@ -153,17 +158,25 @@ class Scheduler:
 
     def prefill(self, requests: list[Request]) -> tuple[Batch, list[list[int]]]:
         """Run the prompts through the target (and drafter); returns their batch and each row's first token."""
+        batch, first, _ = self._prefill(requests)
+        return batch, first
+
+    def _prefill(self, requests: list[Request]) -> tuple[Batch, list[list[int]], Verdict]:
+        """`prefill`, with its verdict (the logprobs of rows that asked for them)."""
         start = time.perf_counter()
         ids, lengths = pad_right([r.prompt for r in requests], self.model.device)
         cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
         cache.ensure(int(lengths.max()) + self.lookahead + 1)
         batch = Batch(requests, cache)
-        verdict = self.verifier.next_token(cache, ids, (lengths - 1)[:, None], batch.params, batch.noise(1)[:, 0])
+        rows = (lengths - 1)[:, None]
+        if any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests):  # echo: every prompt row
+            rows = torch.minimum(torch.arange(ids.shape[1], device=ids.device)[None, :], rows)
+        verdict = self.verifier.next_token(cache, ids, rows, batch.params, batch.noise(1)[:, 0])
         cache.commit(verdict.new_k, verdict.new_v, lengths)
         if self.speculative:
             self.drafter.prefill(batch, ids, lengths, verdict)
         self.stats.prefill_seconds += time.perf_counter() - start
-        return batch, [[t] for t in verdict.next_token.tolist()]
+        return batch, [[t] for t in verdict.next_token.tolist()], verdict
 
     # -- joining and leaving ----------------------------------------------------------------
     def _drop_cancelled(self) -> list[StreamEvent]:
@@ -191,8 +204,8 @@ class Scheduler:
             requests = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         if not requests:
             return []
-        batch, first = self.prefill(requests)
-        events = self._advance(batch, first)
+        batch, first, verdict = self._prefill(requests)
+        events = self._advance(batch, first, verdict.logprobs, verdict.prompt_logprobs)
         if batch.seqs:
             if self.batch is None:
                 self.batch = batch
@@ -200,8 +213,10 @@ class Scheduler:
                 self.batch.extend(batch)
         return events
 
-    def _advance(self, batch: Batch, new_tokens: list[list[int]]) -> list[StreamEvent]:
-        """Append each row's new tokens, stop rows at EOS / length / stop strings, emit text."""
+    def _advance(self, batch: Batch, new_tokens: list[list[int]], logprobs: list | None = None,
+                 prompt_logprobs: list | None = None) -> list[StreamEvent]:
+        """Append each row's new tokens, stop rows at EOS / length / stop strings, emit text (and the
+        logprobs of rows that asked)."""
         events, keep = [], []
         for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
             taken = []
@@ -220,11 +235,15 @@ class Scheduler:
                 seq.finish_reason = "stop"
                 del seq.out[seq.text.stop_end(seq.out, before + 1):]
                 taken = seq.out[before:]
+            if seq.rule is not None:
+                seq.rule.commit(taken)
             self.stats.new_tokens += len(taken)
             done = seq.finish_reason is not None
             if text or taken or done:
                 events.append(StreamEvent(seq.index, text, taken, done, seq.finish_reason,
-                                          seq.stats.to_dict() if done else None))
+                                          seq.stats.to_dict() if done else None,
+                                          logprobs[b][:len(taken)] if logprobs and logprobs[b] is not None else None,
+                                          prompt_logprobs[b] if prompt_logprobs else None))
             if done:
                 self.stats.speculation.merge(seq.stats)
             else:

@@ -13,6 +13,7 @@ import torch
 
 from ..speculation.sampling import RowParams, SamplingParams
 from .kv_cache import KVCache
+from .rules import BatchRules, RowRule
 from .stats import RowStats
 from .text import TextStream
 
@@ -30,6 +31,7 @@ class Request:
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
+    rule: RowRule | None = None  # penalties, logit_bias, grammar, logprobs (runtime/rules.py)
 
     @property
     def tokens(self) -> list[int]:
@@ -58,7 +60,10 @@ class Batch:
 
     @property
     def params(self) -> RowParams:
-        return RowParams.of([s.params for s in self.seqs], self.cache.lengths.device)
+        params = RowParams.of([s.params for s in self.seqs], self.cache.lengths.device)
+        if any(s.rule is not None for s in self.seqs):
+            params.rules = BatchRules([s.rule for s in self.seqs], [list(s.out) for s in self.seqs])
+        return params
 
     @property
     def pending(self) -> torch.Tensor:

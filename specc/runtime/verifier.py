@@ -33,6 +33,8 @@ class Verdict:
     new_v: torch.Tensor
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     index: torch.Tensor | None = None
+    logprobs: list | None = None  # per row asking for them: its emitted tokens' logprobs (runtime/rules.py)
+    prompt_logprobs: list | None = None  # per row asking for them at prefill: its prompt's
 
     def commit(self, cache: KVCache) -> None:
         """Write the accepted tokens' KV (and the pending token's) into the cache."""
@@ -47,13 +49,21 @@ class Verifier:
 
     def next_token(self, cache: KVCache, ids: torch.Tensor, rows: torch.Tensor, params: RowParams,
                    u: torch.Tensor) -> Verdict:
-        """No drafts (prefill, a plain decode step): run ids [B, T] and choose each row's next token at rows [B, 1]."""
+        """No drafts (prefill, a plain decode step): run ids [B, T] and choose each row's next token at rows
+        [B, R], at its last column (R > 1, a prefill asking for prompt logprobs: every prompt row)."""
         if self.target.verify_head:
             out = self.target.head_outputs(cache, ids, rows, params, u)
             return _verdict(out, out["n_accepted"], out["next_token"])
         out = self.target.outputs(ids, cache, rows)
-        nxt, _ = choose(out["logits"][:, 0], params, u)
-        return _verdict(out, torch.zeros_like(nxt), nxt)
+        rules, logits = params.rules, out["logits"][:, -1:]
+        logits = rules.apply(logits) if rules else logits
+        nxt, _ = choose(logits[:, 0], params, u)
+        verdict = _verdict(out, torch.zeros_like(nxt), nxt)
+        if rules:
+            verdict.logprobs = rules.logprobs(logits, [[t] for t in nxt.tolist()])
+            if rows.shape[1] > 1:
+                verdict.prompt_logprobs = rules.prompt_logprobs(out["logits"], ids, rows)
+        return verdict
 
     def chain(self, batch: Batch, proposal: Proposal, params: RowParams, u_accept: torch.Tensor,
               u_next: torch.Tensor) -> Verdict:
@@ -66,9 +76,17 @@ class Verifier:
             out = self.target.head_outputs(cache, ids, rows, params, u_next, proposal.tokens, proposal.lengths,
                                            proposal.q, u_accept)
             return _verdict(out, out["n_accepted"], out["next_token"])
+        rules, lengths = params.rules, proposal.lengths
+        if rules:  # a draft the grammar forbids ends the chain
+            lengths = rules.clip(proposal.tokens, lengths)
         out = self.target.outputs(ids, cache, rows)
-        n_acc, nxt = accept(out["logits"], proposal.q, proposal.tokens, proposal.lengths, params, u_accept, u_next)
-        return _verdict(out, n_acc, nxt)
+        logits = rules.apply(out["logits"], proposal.tokens) if rules else out["logits"]
+        n_acc, nxt = accept(logits, proposal.q, proposal.tokens, lengths, params, u_accept, u_next)
+        verdict = _verdict(out, n_acc, nxt)
+        if rules:
+            emitted = [d[:n] + [t] for d, n, t in zip(proposal.tokens.tolist(), n_acc.tolist(), nxt.tolist())]
+            verdict.logprobs = rules.logprobs(logits, emitted)
+        return verdict
 
     def tree(self, batch: Batch, trees: list[DraftTree], params: RowParams, noise: torch.Tensor,
              verify_nodes: int | None = None) -> tuple[Verdict, list[list[int]]]:
@@ -81,7 +99,7 @@ class Verifier:
         cache.ensure(int(cache.lengths.max()) + ids.shape[1])
         rows = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
         out = self.target.outputs(ids, cache, rows, positions=cache.lengths[:, None] + depth, tree_mask=mask)
-        logits = out["logits"]
+        logits = params.rules.apply_tree(out["logits"], trees) if params.rules else out["logits"]
         probs = None if params.all_greedy else probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
         paths, nexts = [], []
         for b, tree in enumerate(trees):
@@ -96,6 +114,9 @@ class Verifier:
                  for n, v in out.items() if n not in OWN_OUTPUTS}
         verdict = Verdict(counts - 1, torch.tensor(nexts, device=cache.lengths.device), out["new_k"], out["new_v"],
                           extra, index)
+        if params.rules:
+            verdict.logprobs = params.rules.logprobs(torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1])),
+                                                     [[tree.tokens[n] for n in p[1:]] + [t] for tree, p, t in zip(trees, paths, nexts)])
         return verdict, [[tree.tokens[node] for node in path[1:]] for tree, path in zip(trees, paths)]
 
 

@@ -27,8 +27,8 @@ from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, new_id,
-                      parse_request, usage)
+from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
+                      new_id, parse_request, usage)
 
 DISCONNECT_POLL_S = 0.5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
@@ -198,6 +198,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
             params = model.sampling_params(req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p)
         except RequestError as exc:
             raise APIError(400, str(exc), str(exc).split(" ")[0]) from None
+        # compiling a schema is the grammar library's work: off the event loop, like tokenising
+        rules = await asyncio.get_running_loop().run_in_executor(heavy if large else light, request_rules, req, chat)
         prompts = [req.conversation()] if chat else req.prompts()
         engine.check_room(len(prompts) * req.n)  # before any tokenising: a request that cannot be queued costs nothing
         if not chat:
@@ -205,7 +207,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                 engine.check_length(prompt, chat, p)
         default_max = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
         seed = req.seed if req.seed is not None else secrets.randbits(62)
-        job = Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n)
+        job = Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n,
+                  rules=rules, echo=not chat and req.echo, events_streamed=bool(req.stream))
         try:
             await asyncio.get_running_loop().run_in_executor(heavy if large else light, engine.prepare, job)
         except (APIError, SpeccError):
@@ -225,7 +228,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
             if isinstance(admitted, (APIError, Failed)):
                 raise admitted if isinstance(admitted, APIError) else _api_error_of(admitted)
             prompt_tokens = sum(admitted.prompt_tokens[::req.n])
-            reply = Reply(job, name, chat, start, prompt_tokens, metrics)
+            reply = Reply(job, name, chat, start, prompt_tokens, metrics, model.tokenizer)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 streaming = True
@@ -243,6 +246,18 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                 state.jobs.pop(id(job), None)
                 if reply is None or not reply.done:
                     engine.cancel(job)
+
+    def request_rules(req, chat: bool):
+        """The request's penalties, logit_bias, logprobs and response_format as runtime rules; 400s name the field."""
+        try:
+            return model.rules(json_schema=req.json_schema(), presence_penalty=req.presence_penalty,
+                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                               logit_bias=req.logit_bias, logprobs=req.top_logprobs,
+                               prompt_logprobs=not chat and req.echo and req.logprobs is not None)
+        except RequestError as exc:
+            field = str(exc).split(" ")[0].rstrip(":")
+            field = {"json_schema": "response_format", "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
+            raise APIError(400, str(exc), field) from None
 
     async def next_item(job: Job, request: Request):
         """The job's next message; None (and the job cancelled) if the client went away while waiting."""
@@ -268,8 +283,10 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     yield "[DONE]"
                     return
                 position, ev = reply.add(item)
-                if ev.text or ev.finished:
-                    yield json.dumps(reply.chunk([choice(position, ev.text, ev.finish_reason, reply.chat, True)]))
+                text, logprobs = reply.piece(position, ev)
+                if text or ev.finished or logprobs:
+                    yield json.dumps(reply.chunk([choice(position, text, ev.finish_reason, reply.chat, True,
+                                                         logprobs=logprobs)]))
             if include_usage:
                 yield json.dumps(reply.chunk([], usage(reply.prompt_tokens, reply.completion_tokens)))
             yield "[DONE]"
@@ -303,6 +320,15 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
     return app
 
 
+def _merge(whole: dict | None, part: dict) -> dict:
+    """Append one event's logprobs object to a choice's."""
+    if whole is None:
+        return part
+    for key, value in part.items():
+        whole[key] = whole[key] + value
+    return whole
+
+
 def _shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:
     return APIError(503, message, type="server_error", code="shutting_down", headers={"Retry-After": "5"})
 
@@ -316,8 +342,13 @@ def _api_error_of(failed: Failed) -> APIError:
 class Reply:
     """The choices of one request as its events arrive; latency metrics on the way."""
 
-    def __init__(self, job: Job, model: str, chat: bool, start: float, prompt_tokens: int, metrics):
+    def __init__(self, job: Job, model: str, chat: bool, start: float, prompt_tokens: int, metrics, tokenizer=None):
         self.job, self.model, self.chat, self.start, self.metrics = job, model, chat, start, metrics
+        self.tokenizer = tokenizer
+        self.logprobs: list[list] = [[] for _ in job.indices]  # (token, logprob, alternatives) per choice
+        self.offsets = [0] * len(job.indices)  # text offset of the next token, per choice (completions' logprobs)
+        self.echoed = [False] * len(job.indices)
+        self.pieces: list[dict | None] = [None] * len(job.indices)  # the whole reply's logprobs per choice
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.prompt_tokens = prompt_tokens
         self.position = {index: i for i, index in enumerate(job.indices)}
@@ -335,7 +366,13 @@ class Reply:
     def add(self, ev: StreamEvent) -> tuple[int, StreamEvent]:
         now = time.perf_counter()
         i = self.position[ev.index]
-        self.texts[i] += ev.text
+        if not self.job.events_streamed:
+            text, logprobs = self.piece(i, ev)
+            self.texts[i] += text
+            if logprobs is not None:
+                self.pieces[i] = _merge(self.pieces[i], logprobs)
+        else:
+            self.texts[i] += ev.text
         n = len(ev.token_ids)
         if n:
             if self.last_token_at is None:
@@ -355,10 +392,29 @@ class Reply:
                     self.metrics.success.labels(finished_reason=reason).inc()
         return i, ev
 
+    def echo_text(self, i: int) -> str:
+        prompt = self.job.prompts[i // self.job.n]
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+
+    def piece(self, i: int, ev: StreamEvent) -> tuple[str, dict | None]:
+        """A streamed event's text (the prompt first, under echo) and its logprobs object."""
+        text, entries = ev.text, list(ev.logprobs or [])
+        if self.job.echo and not self.echoed[i]:
+            self.echoed[i] = True
+            text = self.echo_text(i) + text
+            if ev.prompt_logprobs is not None:
+                entries = list(ev.prompt_logprobs) + entries
+        wanted = ev.logprobs is not None or ev.prompt_logprobs is not None
+        if not wanted:
+            return text, None
+        obj, self.offsets[i] = logprobs_object(entries, self.tokenizer, self.chat, self.offsets[i])
+        return text, obj
+
     def chunk(self, choices: list[dict], use: dict | None = None) -> dict:
         return completion_object(self.id, self.model, choices, use, chunk=True, chat=self.chat)
 
     def whole(self) -> dict:
-        choices = [choice(i, t, r, self.chat, False) for i, (t, r) in enumerate(zip(self.texts, self.reasons))]
+        choices = [choice(i, t, r, self.chat, False, logprobs=lp)
+                   for i, (t, r, lp) in enumerate(zip(self.texts, self.reasons, self.pieces))]
         return completion_object(self.id, self.model, choices, usage(self.prompt_tokens, self.completion_tokens),
                                  chunk=False, chat=self.chat)

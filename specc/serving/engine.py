@@ -25,6 +25,7 @@ except ImportError:  # transformers renders chat templates with jinja2; without 
 from ..errors import RequestError
 from ..runtime.model import SpecModel
 from ..runtime.engine_thread import EngineThread
+from ..runtime.rules import Rules
 from ..runtime.scheduler import StreamEvent
 from ..speculation.sampling import SamplingParams
 from .metrics import Metrics
@@ -46,6 +47,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     indices: list[int] = field(default_factory=list)  # Scheduler index of each choice
     cancelled: bool = False
+    rules: Rules | None = None  # penalties, logit_bias, logprobs, response_format (runtime/rules.py)
+    echo: bool = False  # completions: the prompt leads the text (and its logprobs, when asked)
+    events_streamed: bool = False  # the reply streams each event (else the handler assembles the whole)
     prepared: bool = False  # prompts are token ids already (`AsyncEngine.prepare`)
 
 
@@ -170,7 +174,7 @@ class AsyncEngine(EngineThread):
             for j in range(job.n):
                 index = job.indices[p * job.n + j]
                 seqs.append(m.new_request(index, ids, max_tokens, job.params, job.seed + p * job.n + j, job.stop,
-                                           k=lookahead))
+                                           k=lookahead, rules=job.rules))
         return seqs
 
     # -- prompts (a thread pool's side: `prepare`) ---------------------------------------------

@@ -2,18 +2,19 @@
 
 Requests are parsed from the raw JSON in pydantic's strict mode, so a string where a number
 belongs is an error, not a guess. Fields that change what is generated and that specc does not
-implement (OpenAI's logprobs, penalties, logit_bias, echo, best_of, suffix, tools and functions;
-other servers' extensions such as chat_template, min_p or guided_json: `REFUSED`) are refused
-when set to anything but their neutral value, so no answer pretends to honour them; other unknown
-fields (user, metadata, store, ...) are ignored, as OpenAI-compatible servers do.
+implement (OpenAI's best_of, suffix, tools and functions; other servers' extensions such as
+chat_template, min_p or guided_json: `REFUSED`) are refused when set to anything but their neutral
+value, so no answer pretends to honour them; other unknown fields (user, metadata, store, ...) are
+ignored, as OpenAI-compatible servers do. Penalties, logit_bias, logprobs, echo and response_format
+(json_object, json_schema) are implemented (runtime/rules.py, runtime/grammar.py).
 """
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -32,17 +33,16 @@ class APIError(Exception):
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024  # per stop string: matching is rechecked after every round, for every row
 _OFF = (None, False, 0, "", [], {})  # JSON's ways of leaving a field unset or off
-# fields refused unless set to one of their neutral values (both endpoints; `logprobs` and `echo` per endpoint)
+# fields refused unless set to one of their neutral values (both endpoints; `echo` on chat)
 REFUSED: dict[str, tuple] = {
-    "presence_penalty": _OFF, "frequency_penalty": _OFF, "logit_bias": _OFF, "top_logprobs": _OFF,
     "tools": _OFF, "functions": _OFF, "tool_choice": (*_OFF, "none", "auto"), "function_call": (*_OFF, "none"),
-    "response_format": (*_OFF, {"type": "text"}), "prediction": _OFF, "audio": _OFF,
+    "prediction": _OFF, "audio": _OFF,
     "modalities": (*_OFF, ["text"]), "web_search_options": _OFF,
     # other servers' extensions (vLLM, llama.cpp, TGI) that a client written for them may send
     "chat_template": _OFF, "chat_template_kwargs": _OFF, "add_generation_prompt": (None, True),
     "continue_final_message": _OFF, "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
     "guided_grammar": _OFF, "structured_outputs": _OFF, "grammar": _OFF, "json_schema": _OFF,
-    "min_p": _OFF, "typical_p": (None, 1, 1.0), "repetition_penalty": (None, 1, 1.0),
+    "min_p": _OFF, "typical_p": (None, 1, 1.0),
     "repeat_penalty": (None, 1, 1.0), "min_tokens": _OFF, "ignore_eos": _OFF, "stop_token_ids": _OFF,
     "bad_words": _OFF, "prompt_logprobs": _OFF, "n_probs": _OFF, "include_stop_str_in_output": _OFF,
     "skip_special_tokens": (None, True), "mirostat": _OFF, "tfs_z": (None, 1, 1.0), "dry_multiplier": _OFF,
@@ -50,7 +50,7 @@ REFUSED: dict[str, tuple] = {
 }
 
 HINTS = {"chat_template": " (the server applies the model's template, or the one given with specc serve --chat-template)",
-         "logprobs": " (or null)", "n": ""}
+         "n": ""}
 
 
 def _neutral(value, allowed: tuple) -> bool:
@@ -68,6 +68,26 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a json_schema object: {"name": ..., "schema": {...}}')
+        return self
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # extra fields are checked against REFUSED
 
@@ -81,8 +101,19 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None  # not implemented: refused when set (`unsupported`)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=10, description="extension (as in vLLM): 1 = off")
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100], checked by the model
+    response_format: ResponseFormat | None = None
     user: str | None = None
+
+    def json_schema(self):
+        """What response_format asks the grammar for: None, "json_object" or the schema (a dict)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        return "json_object" if fmt.type == "json_object" else fmt.json_schema.schema_
 
     @field_validator("stop")
     @classmethod
@@ -97,20 +128,20 @@ class _Sampling(BaseModel):
             raise ValueError(f"stop string {long} is {len(stops[long])} characters; allowed at most {MAX_STOP_CHARS}")
         return stops
 
-    NEUTRAL_LOGPROBS: ClassVar[tuple] = (None, False)
-
     def unsupported(self) -> list[str]:
         """Fields set to something specc cannot do."""
         extra = self.model_extra or {}
-        bad = [] if _neutral(self.logprobs, self.NEUTRAL_LOGPROBS) else ["logprobs"]
-        bad += [name for name, value in extra.items() if name in REFUSED and not _neutral(value, REFUSED[name])]
-        return bad
+        return [name for name, value in extra.items() if name in REFUSED and not _neutral(value, REFUSED[name])]
+
+    def conflicts(self) -> list[tuple[str, str]]:
+        """(field, message) for fields whose values are valid alone but not together."""
+        return []
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
-    NEUTRAL_LOGPROBS: ClassVar[tuple] = (None,)  # completions' logprobs is a count: 0 asks for the sampled token's logprob
+    logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's completions bound; 0: the sampled token's only
 
     @field_validator("prompt")
     @classmethod
@@ -120,8 +151,12 @@ class CompletionRequest(_Sampling):
                              "ids or a list of those")
         return v
 
+    @property
+    def top_logprobs(self) -> int | None:
+        return self.logprobs
+
     def unsupported(self) -> list[str]:
-        return super().unsupported() + (["echo"] if self.echo else [])
+        return super().unsupported()
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -152,6 +187,19 @@ class Message(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs_: int | None = Field(None, ge=0, le=20, alias="top_logprobs")
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs is on (0 without top_logprobs); None: no logprobs."""
+        return (self.top_logprobs_ or 0) if self.logprobs else None
+
+    def conflicts(self) -> list[tuple[str, str]]:
+        if self.top_logprobs_ is not None and not self.logprobs:
+            return [("top_logprobs", "top_logprobs needs logprobs: true")]
+        return []
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
@@ -178,6 +226,8 @@ def parse_request(cls: type[_Sampling], raw: bytes) -> _Sampling:
     if bad:
         hint = HINTS.get(bad[0].rsplit(".", 1)[-1], "")
         raise APIError(400, f"{bad[0]}: not supported by specc serve; leave it unset{hint}", bad[0])
+    for param, message in req.conflicts():
+        raise APIError(400, f"{param}: {message}", param)
     if getattr(req, "max_completion_tokens", None) is not None and req.max_tokens is None:
         req.max_tokens = req.max_completion_tokens
     return req
@@ -224,11 +274,35 @@ def completion_object(rid: str, model: str, choices: list[dict], use: dict | Non
     return out
 
 
-def choice(index: int, text: str, finish_reason: str | None, chat: bool, chunk: bool, first: bool = False) -> dict:
+def choice(index: int, text: str, finish_reason: str | None, chat: bool, chunk: bool, first: bool = False,
+           logprobs: dict | None = None) -> dict:
     if not chat:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if not chunk:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish_reason}
     delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def logprobs_object(entries: list[tuple], tokenizer, chat: bool, offset: int = 0) -> tuple[dict, int]:
+    """OpenAI's logprobs object of (token, logprob, [(alternative, logprob)]) entries (a logprob of None: the
+    prompt's first token) and the text offset after them. Chat: {"content": [...]}; completions: tokens,
+    token_logprobs, top_logprobs, text_offset (the sampled token is always among its top_logprobs, as in vLLM)."""
+    def text(t):
+        return tokenizer.decode([t])
+
+    if chat:
+        def item(t, lp):
+            s = text(t)
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+        return {"content": [{**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in alts]}
+                            for t, lp, alts in entries]}, offset
+    tokens, offsets = [], []
+    for t, _, _ in entries:
+        tokens.append(text(t))
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    tops = [None if lp is None else {**{text(a): alp for a, alp in alts}, text(t): lp} for t, lp, alts in entries]
+    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
+            "text_offset": offsets}, offset

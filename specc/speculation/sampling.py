@@ -59,6 +59,9 @@ class RowParams:
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    # host-side logits rules of the rows (runtime/rules.py BatchRules: penalties, logit_bias, grammar,
+    # logprobs); None when no row has any. Whoever draws or verifies applies them before these settings.
+    rules: object | None = None
 
     @classmethod
     def of(cls, params: list[SamplingParams], device=None) -> "RowParams":

@@ -65,7 +65,8 @@ class MedusaDrafter(GraphDrafter):
         noise = batch.noise(k)
         tokens, probs = [], []
         for i in range(k):
-            tok, q = choose(logits[:, i], params, noise[:, i])
+            head = params.rules.apply(logits[:, i], tokens, start=i) if params.rules else logits[:, i]
+            tok, q = choose(head, params, noise[:, i])
             tokens.append(tok)
             probs.append(q)
         q = None if params.all_greedy else torch.stack(probs, 1)

@@ -21,6 +21,8 @@ def draft_chain(batch: Batch, params: RowParams, plan: DraftPlan, logits: torch.
     stops = Stops(drafting, plan.k, plan.stop_below, plan.stop_chain)
     tokens, probs = [], []
     for i in range(plan.k):
+        if params.rules:  # penalties, logit_bias, grammar: draw from the distribution the target is held to
+            logits = params.rules.apply(logits, tokens, start=i)
         tok, q = choose(logits, params, noise[:, i])
         tokens.append(tok)
         probs.append(q)
@@ -44,6 +46,8 @@ def grow_tree(batch: Batch, shape: TreeShape, params: RowParams, logits: torch.T
     frontier = [[0] for _ in trees]
     depth = shape.depth if depth is None else depth
     for level in range(1, depth + 1):
+        if params.rules:  # as in draft_chain: each node's children drawn from the transformed distribution
+            logits = params.rules.apply_tree(logits, trees, frontier)
         frontier = expand_level(trees, frontier, logits, params, shape, level, noise)
         if level == depth or not any(frontier):
             break

@@ -115,8 +115,9 @@ class Verifier:
         verdict = Verdict(counts - 1, torch.tensor(nexts, device=cache.lengths.device), out["new_k"], out["new_v"],
                           extra, index)
         if params.rules:
-            verdict.logprobs = params.rules.logprobs(torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1])),
-                                                     [[tree.tokens[n] for n in p[1:]] + [t] for tree, p, t in zip(trees, paths, nexts)])
+            on_path = torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
+            emitted = [[tree.tokens[n] for n in p[1:]] + [t] for tree, p, t in zip(trees, paths, nexts)]
+            verdict.logprobs = params.rules.logprobs(on_path, emitted)
         return verdict, [[tree.tokens[node] for node in path[1:]] for tree, path in zip(trees, paths)]
 
 

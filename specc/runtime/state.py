@@ -30,6 +30,8 @@ class Request:
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
+    draft_memo: dict = field(default_factory=dict)  # what a drafter keeps for this request whatever batch it is in
+
 
     @property
     def tokens(self) -> list[int]:

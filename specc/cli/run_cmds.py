@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import add_json, add_prompts, add_sampling, add_seed, deprecated_alias, json_file, json_to_stdout, k_value
+from .parser import (add_json, add_prompts, add_sampling, add_seed, add_warm, deprecated_alias, json_file,
+                     json_to_stdout, k_value)
 
 
 def load_model(args: argparse.Namespace):
@@ -57,13 +58,25 @@ def check_run_inputs(args: argparse.Namespace) -> None:
     checks.at_least(getattr(args, "max_new_tokens", None), "--max-new-tokens")
 
 
+def warm(model, texts: list[str], log=print) -> None:
+    """Seed a model's suffix cache with --warm's texts (a note where the bundle drafts without one)."""
+    if not texts:
+        return
+    if model.suffix_cache is None:
+        log(f"--warm: bundle {model.bundle.path} drafts with {model.draft_label}, not suffix decoding; file not used")
+        return
+    log(f"--warm: {model.warm(texts)} tokens of {len(texts)} earlier outputs in the suffix cache")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     check_run_inputs(args)
     items = read_prompts(args)
+    texts = checks.warm_file(args.warm)
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
     model = load_model(args)
+    warm(model, texts, log=lambda m: print(m, file=sys.stderr))
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
@@ -111,9 +124,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     checks.input_file(args.llamacpp_target, "--llamacpp-target")
     checks.input_file(args.llamacpp_draft, "--llamacpp-draft")
     items = read_prompts(args)
+    texts = checks.warm_file(args.warm)
     trees = parse_trees(args.tree) if args.tree else []
     with human_output(args):
         models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
+        for model in models:
+            warm(model, texts)
         results = run_bench(models, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
                             repeats=args.repeats, json_path=json_file(args), batch_size=args.max_batch, seed=args.seed,
                             compare=args.compare, llamacpp={"target_gguf": args.llamacpp_target,
@@ -206,6 +222,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=k_value, default=None,
                    help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "
                         "(default: the recipe's)")
+    add_warm(p)
     add_json(p, "completions and stats")
     p.set_defaults(func=cmd_generate)
 
@@ -237,6 +254,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "of a bundle's draft model; none: prompt lookup)")
     p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may "
                    "use, as ONNX Runtime)")
+    add_warm(p)
     add_json(p, "the results (with FILE: a Markdown report (.md) and a plot (.png) beside it)")
     p.set_defaults(func=cmd_bench)
 

@@ -23,22 +23,19 @@ shared by every generate call and server request of the model, behind one lock.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
-from ...errors import RequestError
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch, Request
-from .base import DraftContext, DraftInfo, DraftPlan, Drafter, GraphDrafter, Proposal
+from .base import DraftContext, DraftInfo, DraftPlan, Drafter, Proposal
 
 ORDERS = (8, 4, 2, 1)  # n-gram lengths indexed, longest first: a draft uses the longest that occurs
 MAX_MATCH = 32  # a match is measured back at most this far
@@ -156,8 +153,8 @@ class GlobalSuffixCache:
     used sequence (a sequence is used when a draft matched it); a single sequence past max_tokens stops
     growing. Every method takes the lock: generate calls in threads and the server share one cache."""
 
-    def __init__(self, max_requests: int, max_tokens: int, orders: tuple[int, ...] = ORDERS):
-        self.max_requests, self.max_tokens = max_requests, max_tokens
+    def __init__(self, max_requests: int, max_tokens: int, vocab_size: int | None = None, orders: tuple[int, ...] = ORDERS):
+        self.max_requests, self.max_tokens, self.vocab_size = max_requests, max_tokens, vocab_size
         self.index = SuffixIndex(orders)
         self.lru: OrderedDict[int, int] = OrderedDict()  # seq id -> tokens held, least recently used first
         self.tokens = 0
@@ -235,10 +232,12 @@ class GlobalSuffixCache:
                     "tokens_per_pass": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0}
 
     def warm(self, texts: list[list[int]]) -> int:
-        """Add earlier outputs (token lists), each as its own sequence; returns the tokens added."""
-        before = self.tokens
+        """Add earlier outputs (token lists), each as its own sequence; returns the tokens added. Ids outside
+        the vocabulary are dropped: a tokenizer may know ids the model has no embedding for, and drafted they
+        would fail the target pass."""
+        before, vocab = self.tokens, self.vocab_size
         for tokens in texts:
-            self.add(self.open(), list(tokens))
+            self.add(self.open(), [int(t) for t in tokens if vocab is None or 0 <= t < vocab])
         return self.tokens - before
 
 
@@ -275,7 +274,8 @@ class SuffixDrafter(Drafter):
     @classmethod
     def build(cls, ctx: DraftContext) -> "SuffixDrafter":
         s = ctx.settings
-        return cls(GlobalSuffixCache(s.get("suffix_requests", 256), s.get("suffix_tokens", 262144)), ctx.vocab_size)
+        return cls(GlobalSuffixCache(s.get("suffix_requests", 256), s.get("suffix_tokens", 262144), ctx.vocab_size),
+                   ctx.vocab_size)
 
     # -- the request's state -------------------------------------------------------------------
     def row(self, seq: Request) -> RowSuffix:
@@ -480,40 +480,9 @@ class SuffixFirstDrafter(Drafter):
         self.model.close()
 
 
-def read_warm_file(path: str | Path) -> list[dict]:
-    """The records of a warm-up file (JSON lines of {"text"} or {"prompt", "completion"}); RequestError
-    names the first line that is not one, so a bad file fails before any bundle loads."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RequestError(f"--warm {path}: cannot read it as UTF-8 text: {exc}") from None
-    records = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"--warm {path}, line {no}: not JSON ({exc.msg})") from None
-        ok = isinstance(record, dict) and (
-            isinstance(record.get("text"), str) or isinstance(record.get("completion"), str))
-        if not ok or ("prompt" in record and not isinstance(record["prompt"], str)):
-            raise RequestError(f"--warm {path}, line {no}: expected an object with \"text\" (a string), or "
-                               "\"completion\" (a string) and optionally \"prompt\"")
-        records.append(record)
-    return records
-
-
-def warm_texts(records: list[dict]) -> list[str]:
-    """What each warm-up record adds: its text, or its completion (the outputs later requests repeat)."""
-    return [r["text"] if isinstance(r.get("text"), str) else r["completion"] for r in records]
-
-
 def suffix_cache_of(drafter: Drafter | None) -> GlobalSuffixCache | None:
     """The global suffix cache a model's drafter drafts from, if it has one."""
     return getattr(drafter, "cache", None) if isinstance(drafter, (SuffixDrafter, SuffixFirstDrafter)) else None
 
 
-__all__ = ["GlobalSuffixCache", "SuffixDrafter", "SuffixFirstDrafter", "SuffixIndex", "read_warm_file",
-           "suffix_cache_of", "warm_texts", "GraphDrafter"]
+__all__ = ["GlobalSuffixCache", "SuffixDrafter", "SuffixFirstDrafter", "SuffixIndex", "suffix_cache_of"]

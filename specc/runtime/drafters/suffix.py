@@ -164,6 +164,7 @@ class GlobalSuffixCache:
         # drafting figures for the server's metrics (all requests since load)
         self.lookups = self.hits = self.match_tokens = 0
         self.rounds = self.drafted = self.accepted = 0
+        self.warmed: list[list[int]] = []  # what warm() added, which reset() restores
 
     def open(self) -> int:
         """A new sequence id (a request's output, or a warm-up text)."""
@@ -237,8 +238,18 @@ class GlobalSuffixCache:
         would fail the target pass."""
         before, vocab = self.tokens, self.vocab_size
         for tokens in texts:
-            self.add(self.open(), [int(t) for t in tokens if vocab is None or 0 <= t < vocab])
+            tokens = [int(t) for t in tokens if vocab is None or 0 <= t < vocab]
+            self.warmed.append(tokens)
+            self.add(self.open(), tokens)
         return self.tokens - before
+
+    def reset(self) -> None:
+        """Forget every request's output, keeping what warm() added (a benchmark runs each system on a cache
+        that has not seen the same prompts' outputs)."""
+        with self.lock:
+            self.index, self.lru, self.tokens = SuffixIndex(self.index.orders), OrderedDict(), 0
+        for tokens in self.warmed:
+            self.add(self.open(), tokens)
 
 
 class RowSuffix:

@@ -5,6 +5,7 @@
 - repeat-agent-json.jsonl: an agent loop: the same tool schema every call, a task and the tool results so
   far; the reply is the next tool call as one JSON object.
 - repeat-questions.jsonl: the same few questions asked again with small variations in wording.
+- repeat-24.jsonl: the three in that order, for one `specc bench` run (its results split by "kind").
 
 All go through the chat template. Prompts run in file order, so later requests can draft from earlier ones'
 outputs: that order is part of the workload.
@@ -118,8 +119,8 @@ def questions() -> list[dict]:
 
 
 def main() -> None:
-    for name, rows in (("repeat-code-edit", code_edit()), ("repeat-agent-json", agent_json()),
-                       ("repeat-questions", questions())):
+    sets = (("repeat-code-edit", code_edit()), ("repeat-agent-json", agent_json()), ("repeat-questions", questions()))
+    for name, rows in sets + (("repeat-24", [r for _, rows in sets for r in rows]),):
         path = OUT / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{path}: {len(rows)} prompts")

@@ -294,3 +294,38 @@ def test_metrics_export_the_cache(suffix_bundles):
     text = generate_latest(metrics.registry).decode()
     assert "specc:suffix_cache_tokens 4.0" in text and "specc:suffix_cache_bytes" in text
     assert "specc:suffix_mean_match_length" in text and "specc:suffix_tokens_per_pass" in text
+
+
+def test_server_keeps_the_cache_across_concurrent_requests_and_shows_it(suffix_bundles):
+    """`specc serve` on a suffix bundle: 8 clients at once (token-id prompts), every completion equal to
+    target-only, the cache growing across requests and reported in /metrics."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serving import Server, httpx
+
+    from specc.serving.app import create_app
+
+    _, bundles = suffix_bundles
+    model = specc.load(bundles["chain"])
+    prompts = token_prompts(16, seed=7)
+    truth = [c.token_ids for c in model.generate(prompts, max_new_tokens=10, speculative=False)]
+    server = Server(create_app(model, name="tiny", k=3))
+    try:
+        def ask(i: int) -> list[int]:
+            body = {"model": "tiny", "prompt": prompts[i], "max_tokens": 10, "temperature": 0}
+            r = server.post("/v1/completions", body)
+            assert r.status_code == 200, r.text
+            return model.tokenizer(r.json()["choices"][0]["text"], add_special_tokens=False)["input_ids"]
+
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(2):
+                got = list(pool.map(ask, range(len(prompts))))
+                assert got == truth
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+    finally:
+        server.stop()
+    tokens = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("specc:suffix_cache_tokens"))
+    hits = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("specc:suffix_hits"))
+    assert tokens >= sum(map(len, truth)) and hits > 0

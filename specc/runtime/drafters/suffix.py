@@ -44,6 +44,9 @@ MIN_PROB = 0.1  # a draft token's estimated probability (count share along its p
 SPEC_FACTOR, SPEC_OFFSET = 1.0, 1.0  # drafts per round <= factor * match length + offset
 MAX_DEPTH = 64  # longest continuation read from one occurrence
 SOURCE = "suffix"  # Proposal.source of suffix rounds
+# in front of a model, a row counts as found from a match this long: a one-token match drafts what the
+# context happened to hold after that token, which a model drafts better
+MIN_FRONT_MATCH = 2
 _SEQ_SHIFT = 32  # an occurrence is one int: sequence id << 32 | position
 
 
@@ -324,7 +327,13 @@ class SuffixDrafter(Drafter):
         return Match()
 
     def finds(self, batch: Batch) -> list[int]:
-        return [self.match(s).order for s in batch.seqs]
+        """Per row the n-gram order matched where the match drafts at least one token, else 0."""
+        return [m.order if m.order and best_path(m.continuations, 1) else 0 for m in map(self.match, batch.seqs)]
+
+    def sure(self, batch: Batch) -> bool:
+        """Every row has a match of at least MIN_FRONT_MATCH tokens that drafts: the suffix drafter takes
+        the round in front of a model."""
+        return all(m.length >= MIN_FRONT_MATCH and best_path(m.continuations, 1) for m in map(self.match, batch.seqs))
 
     # -- chains --------------------------------------------------------------------------------
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
@@ -447,8 +456,8 @@ class SuffixFirstDrafter(Drafter):
     """The suffix drafter first, another drafter (a draft model, early exit, EAGLE) where it finds nothing
     (recipe draft.suffix: true), as prompt lookup in front of one (`LookupFirstDrafter`).
 
-    A round in which every row finds a continuation is drafted from the suffix indexes alone; otherwise the
-    other drafter drafts for the whole batch. The choice depends only on the contexts and the indexes,
+    A round in which every row finds a continuation from a match of at least MIN_FRONT_MATCH tokens is
+    drafted from the suffix indexes alone; otherwise the other drafter drafts for the whole batch. The choice depends only on the contexts and the indexes,
     never on this round's noise, and each round's q is what its drafts were drawn from: exact."""
 
     def __init__(self, suffix: SuffixDrafter, model: Drafter):
@@ -466,17 +475,17 @@ class SuffixFirstDrafter(Drafter):
         self.model.prefill(batch, ids, lengths, verdict)
 
     def behind(self, batch: Batch) -> list[int]:
-        if all(self.suffix.finds(batch)):
+        if self.suffix.sure(batch):
             return [0] * len(batch.seqs)
         return self.model.behind(batch)
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
-        if all(self.suffix.finds(batch)):
+        if self.suffix.sure(batch):
             return self.suffix.propose(batch, params, plan)
         return self.model.propose(batch, params, plan)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
-        if all(self.suffix.finds(batch)):
+        if self.suffix.sure(batch):
             return self.suffix.propose_tree(batch, shape, params)
         return self.model.propose_tree(batch, shape, params)
 

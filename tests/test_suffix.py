@@ -174,6 +174,7 @@ def draw(bundle, params: SamplingParams, n: int = 2048, batch: int = 512):
                               temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
         out += [c.token_ids for c in done]
         stats.merge(model.last_stats)
+    draw.suffix_rounds = model.suffix_cache.metrics()["rounds"]  # rows the suffix drafter drafted for
     return np.array(out), stats.to_dict()
 
 
@@ -184,15 +185,19 @@ def _warm_for_sampling(model):
     return model
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree"])
+@pytest.mark.parametrize("kind", ["chain", "tree", "model"])
 def test_sampled_output_has_the_target_distribution(suffix_bundles, kind):
     """One-hot q for the suffix drafter's deterministic drafts (chains; a single path per sampled row in tree
-    rounds). The cache also takes every row's sampled output as the test runs."""
+    rounds; in front of a draft model, mixed with the model's rounds: small batches, so that every row of a
+    batch finds a match often enough for both kinds to be common). The cache also takes every row's sampled
+    output as the test runs."""
     target, bundles = suffix_bundles
     params = SamplingParams(1.0)
     exact = exact_marginals(target, params)
-    samples, stats = draw(bundles[kind], params)
+    samples, stats = draw(bundles[kind], params, **({"n": 1024, "batch": 16} if kind == "model" else {}))
     assert 0.01 < stats["acceptance_rate"] < 0.95, "drafts must be both accepted and rejected for this test to mean anything"
+    if kind == "model":
+        assert 0.1 < draw.suffix_rounds / stats["rounds"] < 0.9
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 #   "target" the target itself, traced again or its exported program reused (quantised self-draft)
 #   "exit"   the target's first draft.layer layers with an exit head (passes add_early_exit, truncate_to_exit)
 #   "head"   a learned head over the target's features (Medusa, EAGLE; heads/graph.py)
-#   None     no draft graph (prompt lookup, or no drafting)
+#   None     no draft graph (prompt lookup, suffix decoding, or no drafting)
 GRAPH_KINDS = ("model", "target", "exit", "head", None)
 
 # Draft fields that belong to some methods only; the rest (lookup, n-grams, stop_below) are capabilities below.
@@ -37,7 +37,7 @@ class DraftMethod:
     draft_attends: bool = True  # the draft graph attends over tokens (a tree mask pass applies to it)
     trees: bool = False  # drafts token trees (speculation.mode tree)
     stops: bool = False  # drafts one token at a time and can end a chain early (draft.stop_below)
-    lookup_in_front: bool = False  # prompt lookup may draft first (draft.lookup)
+    lookup_in_front: bool = False  # prompt lookup or the suffix drafter may draft first (draft.lookup, draft.suffix)
     shares_target_cache: bool = False  # the draft graph reads the target's KV cache
 
     def __post_init__(self) -> None:
@@ -79,6 +79,7 @@ for _method in (
     DraftMethod("early_exit", "exit", f"{_RUNTIME}.model:SharedCacheDrafter", fields=("layer", "adapter"),
                 requires=("layer",), trees=True, stops=True, lookup_in_front=True, shares_target_cache=True),
     DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter"),
+    DraftMethod("suffix", None, f"{_RUNTIME}.suffix:SuffixDrafter", trees=True),
     DraftMethod("medusa", "head", f"{_RUNTIME}.heads:MedusaDrafter", fields=("quantize", "head"), requires=("head",),
                 reads_features=True, draft_attends=False, trees=True),
     DraftMethod("eagle", "head", f"{_RUNTIME}.heads:EagleDrafter", fields=("quantize", "head"), requires=("head",),

@@ -74,6 +74,14 @@ class DraftSpec:
                                 "EAGLE-1/2 or EAGLE-3 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized, early_exit or eagle (chain mode): draft by prompt lookup in rounds where "
                              "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
+    suffix: bool = _f(False, "method model, quantized, early_exit or eagle: draft by suffix decoding (the request's own "
+                             "context and the outputs of earlier requests) in rounds where every row finds a continuation; "
+                             "the model (or head) drafts the other rounds. Not with lookup: the suffix index already holds "
+                             "the request's context")
+    suffix_requests: int = _f(256, "method suffix, or suffix: true — outputs of this many recent requests kept to draft from "
+                                   "(least recently matched evicted first; 0: the request's own context only)", lo=0, hi=1 << 20)
+    suffix_tokens: int = _f(262144, "method suffix, or suffix: true — most tokens kept over those outputs (the global index "
+                                    "takes a few hundred bytes a token)", lo=0, hi=1 << 26)
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context",
                         lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
@@ -237,6 +245,19 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
+    suffix_used = d.method == "suffix" or d.suffix
+    if d.suffix and d.method == "suffix":
+        raise RecipeError("draft.suffix", "puts the suffix drafter in front of a draft model or head; with draft.method "
+                          "suffix it already is the drafter: leave draft.suffix out")
+    if d.suffix and not method.lookup_in_front:
+        raise RecipeError("draft.suffix", f"adds the suffix drafter in front of a draft model or head (draft.method "
+                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
+    if d.suffix and d.lookup:
+        raise RecipeError("draft.suffix", "cannot be combined with draft.lookup: both draft from the request's context; "
+                          "choose one (suffix also drafts from earlier requests' outputs)")
+    for name, default in (("suffix_requests", 256), ("suffix_tokens", 262144)):
+        if getattr(d, name) != default and not suffix_used:
+            raise RecipeError(f"draft.{name}", "only applies with draft.method suffix or draft.suffix: true")
     if d.stop_below and not method.stops:
         raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
                           f"{', '.join(methods_with(stops=True))}), not {d.method!r}")

@@ -118,6 +118,10 @@ class SpeccSystem:
         from ..runtime.stats import RunStats
 
         tokens, per_prompt, total = [None] * len(prompts), [], RunStats()
+        if self.speculative and getattr(self.model, "suffix_cache", None) is not None:
+            # every run starts from the same cache (the --warm texts): outputs of these very prompts, from an
+            # earlier repeat or another system on the same bundle, would be drafts no real traffic offers
+            self.model.suffix_cache.reset()
         for lo in range(0, len(prompts), self.batch_size):
             done = self.model.generate(prompts[lo:lo + self.batch_size], max_new_tokens=max_new_tokens,
                                        temperature=0.0, **self.kwargs)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import RawEpilogHelpFormatter, add_json, add_trust, add_verify, deprecated_alias, json_file, k_value
+from .parser import (RawEpilogHelpFormatter, add_json, add_trust, add_verify, add_warm, deprecated_alias, json_file,
+                     k_value)
 from .run_cmds import write_json
 
 
@@ -72,12 +73,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--port {args.port}: allowed 0 to 65535 (0: any free port)")
     checks.at_least(args.max_batch, "--max-batch")
     checks.at_least(args.max_queue, "--max-queue")
+    texts = checks.warm_file(args.warm)
     checks.input_file(args.chat_template, "--chat-template")
     if not args.shutdown_timeout >= 0:
         raise SpeccError(f"--shutdown-timeout {args.shutdown_timeout}: allowed a number of seconds >= 0")
     if not args.max_body_mb > 0:
         raise SpeccError(f"--max-body-mb {args.max_body_mb}: allowed a number of MiB > 0")
-    serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
+    serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
           max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
           chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb)
@@ -153,6 +155,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "finish; the rest end with an error (a second signal stops at once)")
     p.add_argument("--max-body-mb", type=float, default=8.0, metavar="MB",
                    help="largest request body in MiB; larger ones answer 413 before they are read")
+    add_warm(p)
     add_verify(p)
     add_trust(p)
     p.set_defaults(func=cmd_serve)

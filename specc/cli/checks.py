@@ -3,6 +3,7 @@ at once with one message instead of after seconds of loading."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -55,3 +56,29 @@ def llamacpp_installed(why: str) -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         raise SpeccError(f"{why} needs llama-cpp-python, which is not installed: {LLAMACPP_INSTALL} "
                          "(builds llama.cpp from source: cmake and a C++ compiler)")
+
+
+def warm_file(path: Path | None) -> list[str]:
+    """The texts of a --warm file, read and checked before any bundle loads: JSON lines of {"text": ...} or
+    {"prompt": ..., "completion": ...}; a completion is what is kept (the output later requests repeat)."""
+    if path is None:
+        return []
+    input_file(path, "--warm")
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpeccError(f"--warm {path}: cannot be read as UTF-8 text ({exc}); allowed a JSON-lines file") from None
+    texts = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpeccError(f"--warm {path}, line {no}: not JSON ({exc.msg}); allowed one JSON object a line") from None
+        text = record.get("text", record.get("completion")) if isinstance(record, dict) else None
+        if not isinstance(text, str) or not isinstance(record.get("prompt", ""), str):
+            raise SpeccError(f"--warm {path}, line {no}: allowed an object with \"text\" (a string), or \"completion\" "
+                             "(a string) and optionally \"prompt\"")
+        texts.append(text)
+    return texts

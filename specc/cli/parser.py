@@ -156,6 +156,14 @@ def add_prompts(p: argparse.ArgumentParser) -> None:
     add_trust(p)
 
 
+def add_warm(p: argparse.ArgumentParser) -> None:
+    """--warm FILE: seed a suffix-decoding bundle's cache of earlier outputs."""
+    p.add_argument("--warm", type=Path, metavar="FILE",
+                   help="JSON lines of earlier outputs ({\"text\": ...} or {\"prompt\": ..., \"completion\": ...}) to "
+                        "seed the suffix drafter's cache with (bundles with draft.method suffix or draft.suffix; "
+                        "default: start empty)")
+
+
 def add_trust(p: argparse.ArgumentParser) -> None:
     """--expect-id, --trust-code."""
     p.add_argument("--expect-id", metavar="ID", help="refuse the bundle unless its id (`specc inspect`) is ID")

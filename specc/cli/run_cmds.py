@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import add_json, add_prompts, add_sampling, add_seed, deprecated_alias, json_file, json_to_stdout, k_value
+from .parser import (add_json, add_prompts, add_sampling, add_seed, add_warm, deprecated_alias, json_file,
+                     json_to_stdout, k_value)
 
 
 def load_model(args: argparse.Namespace):
@@ -80,17 +81,29 @@ def read_rules(args: argparse.Namespace) -> dict:
                 repetition_penalty=args.repetition_penalty, logprobs=args.logprobs)
 
 
+def warm(model, texts: list[str], log=print) -> None:
+    """Seed a model's suffix cache with --warm's texts (a note where the bundle drafts without one)."""
+    if not texts:
+        return
+    if model.suffix_cache is None:
+        log(f"--warm: bundle {model.bundle.path} drafts with {model.draft_label}, not suffix decoding; file not used")
+        return
+    log(f"--warm: {model.warm(texts)} tokens of {len(texts)} earlier outputs in the suffix cache")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     check_run_inputs(args)
     checks.input_file(args.chat_template, "--chat-template")
     items = read_prompts(args)
     rules = read_rules(args)
+    warm_texts = checks.warm_file(args.warm)
     from ..runtime.model import read_chat_template
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
     model = load_model(args)
+    warm(model, warm_texts, log=lambda m: print(m, file=sys.stderr))
     if template is not None:
         model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -145,9 +158,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     checks.input_file(args.llamacpp_target, "--llamacpp-target")
     checks.input_file(args.llamacpp_draft, "--llamacpp-draft")
     items = read_prompts(args)
+    texts = checks.warm_file(args.warm)
     trees = parse_trees(args.tree) if args.tree else []
     with human_output(args):
         models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
+        for model in models:
+            warm(model, texts)
         results = run_bench(models, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
                             repeats=args.repeats, json_path=json_file(args), batch_size=args.max_batch, seed=args.seed,
                             compare=args.compare, llamacpp={"target_gguf": args.llamacpp_target,
@@ -251,6 +267,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=k_value, default=None,
                    help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "
                         "(default: the recipe's)")
+    add_warm(p)
     add_json(p, "completions and stats")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="Jinja chat template for --chat prompts, instead of the tokenizer's (or where it has none)")
@@ -284,6 +301,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "of a bundle's draft model; none: prompt lookup)")
     p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may "
                    "use, as ONNX Runtime)")
+    add_warm(p)
     add_json(p, "the results (with FILE: a Markdown report (.md) and a plot (.png) beside it)")
     p.set_defaults(func=cmd_bench)
 

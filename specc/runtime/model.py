@@ -95,8 +95,27 @@ class SpecModel:
 
     @property
     def draft_label(self) -> str:
-        """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter."""
-        return self.draft_method + ("+lookup" if self.lookup_first else "")
+        """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter, 'model+suffix'
+        for the suffix drafter in front of a draft model."""
+        suffix = self.drafter is not None and self.bundle.manifest.recipe.draft.suffix
+        return self.draft_method + ("+lookup" if self.lookup_first else "") + ("+suffix" if suffix else "")
+
+    @property
+    def suffix_cache(self):
+        """The global suffix cache (outputs of earlier requests) this model drafts from, or None
+        (draft.method suffix, or draft.suffix: true; runtime/drafters/suffix.py). It lives as long as the
+        model, so a server keeps it across requests."""
+        from .drafters.suffix import suffix_cache_of
+
+        return suffix_cache_of(self.drafter)
+
+    def warm(self, texts: Seq[str]) -> int:
+        """Add earlier outputs (texts, e.g. from `--warm FILE`) to the suffix cache; returns the tokens added
+        (0 where the model drafts without one)."""
+        cache = self.suffix_cache
+        if cache is None:
+            return 0
+        return cache.warm([self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts if t])
 
     # -- public API -------------------------------------------------------------------
     def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], **kwargs) -> "Completions":

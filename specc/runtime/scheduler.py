@@ -179,6 +179,11 @@ class Scheduler:
         return batch, [[t] for t in verdict.next_token.tolist()], verdict
 
     # -- joining and leaving ----------------------------------------------------------------
+    def _finished(self, seq: Request) -> None:
+        """Tell the drafter a request is done (a drafter that learns from outputs takes its last tokens)."""
+        if self.speculative:
+            self.drafter.finished(seq)
+
     def _drop_cancelled(self) -> list[StreamEvent]:
         """Remove cancelled requests from the queue and their rows from the batch."""
         with self._lock:
@@ -189,6 +194,7 @@ class Scheduler:
             running = [s for s in self.batch.seqs if s.index in cancelled]
             for seq in running:
                 self.stats.speculation.merge(seq.stats)
+                self._finished(seq)
             keep = [b for b, s in enumerate(self.batch.seqs) if s.index not in cancelled]
             if not keep:
                 self.batch = None
@@ -246,6 +252,7 @@ class Scheduler:
                                           prompt_logprobs[b] if prompt_logprobs else None))
             if done:
                 self.stats.speculation.merge(seq.stats)
+                self._finished(seq)
             else:
                 keep.append(b)
         if len(keep) < len(batch.seqs):

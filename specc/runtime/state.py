@@ -32,6 +32,7 @@ class Request:
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
     rule: RowRule | None = None  # penalties, logit_bias, grammar, logprobs (runtime/rules.py)
+    draft_memo: dict = field(default_factory=dict)  # what a drafter keeps for this request whatever batch it is in
 
     @property
     def tokens(self) -> list[int]:

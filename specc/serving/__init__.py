@@ -19,8 +19,9 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
           api_key: str | None = None, k: int | str | None = "auto", speculative: bool = True,
           max_batch: int | None = None, max_queue: int = 256, verify: bool = True,
           expect_id: str | None = None, trust_code: bool = False, chat_template: str | Path | None = None,
-          shutdown_timeout: float = 20.0, max_body_mb: float = 8.0) -> None:
-    """Load a bundle and serve it until SIGTERM or Ctrl-C, then drain (`DrainingServer`)."""
+          shutdown_timeout: float = 20.0, max_body_mb: float = 8.0, warm: list[str] | None = None) -> None:
+    """Load a bundle and serve it until SIGTERM or Ctrl-C, then drain (`DrainingServer`); warm: earlier
+    outputs for a suffix drafter's cache."""
     try:
         import uvicorn
 
@@ -41,6 +42,10 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
     sock = listen_socket(host, port)  # before the bundle loads: a busy port or a bad host fails at once
     try:
         model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
+        if warm:
+            from ..cli.run_cmds import warm as warm_model
+
+            warm_model(model, warm, log=logging.getLogger("uvicorn.error").info)
         if template is not None:
             model.set_chat_template(template, f"--chat-template {chat_template}")
         app = create_app(model, name=name, k=k, speculative=speculative, max_batch=max_batch, max_queue=max_queue,

@@ -74,6 +74,8 @@ class AsyncEngine(EngineThread):
         super().__init__(model, "specc-engine", speculative=speculative, k=k, max_batch=max_batch)
         self.log, self.max_queue = log, max_queue
         self.metrics = metrics or Metrics(max(self.scheduler.k, 1), self.scheduler.max_batch)
+        if metrics is None and speculative and model.suffix_cache is not None:
+            self.metrics.watch_suffix(model.suffix_cache)
         self.live: dict[int, Job] = {}
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()

@@ -51,6 +51,23 @@ class Metrics:
         self._window: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
 
+    def watch_suffix(self, cache) -> None:
+        """Export a suffix drafter's global cache (runtime/drafters/suffix.py `GlobalSuffixCache`): its size
+        and how drafting from it went since the model loaded, read at each scrape."""
+        for key, name, doc in (
+            ("tokens", "specc:suffix_cache_tokens", "tokens of earlier outputs held in the suffix cache"),
+            ("bytes", "specc:suffix_cache_bytes", "estimated memory of the suffix cache's index"),
+            ("requests", "specc:suffix_cache_requests", "earlier outputs (requests, warm-up texts) in the suffix cache"),
+            ("evicted", "specc:suffix_cache_evicted", "outputs evicted from the suffix cache (least recently matched)"),
+            ("lookups", "specc:suffix_lookups", "row lookups of the suffix drafter"),
+            ("hits", "specc:suffix_hits", "row lookups that found a continuation"),
+            ("mean_match_length", "specc:suffix_mean_match_length", "mean length of the matched context, in tokens"),
+            ("drafted", "specc:suffix_draft_tokens", "tokens the suffix drafter proposed"),
+            ("tokens_per_pass", "specc:suffix_tokens_per_pass",
+             "tokens per target pass of rows the suffix drafter drafted for (accepted drafts + 1)"),
+        ):
+            Gauge(name, doc, registry=self.registry).set_function(lambda key=key: cache.metrics()[key])
+
     def observe_round(self, record: RoundRecord, waiting: int) -> None:
         """One decode round of the engine (engine thread)."""
         self.batch_size.observe(len(record.rows))

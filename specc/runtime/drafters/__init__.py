@@ -20,7 +20,7 @@ def drafter_class(method: DraftMethod) -> type[Drafter]:
 
 def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
     """The drafter a bundle's draft method names (None for no drafting), with prompt lookup in front
-    when the recipe asks for it (draft.lookup)."""
+    when the recipe asks for it (draft.lookup), or the suffix drafter (draft.suffix)."""
     row = METHODS.get(method)
     if row is None:
         raise BundleError(f"draft method {method!r} is not known to this specc; known: {', '.join(METHODS)}")
@@ -29,6 +29,10 @@ def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
     drafter = with_method(drafter_class(row).build(ctx), method)
     if ctx.settings.get("lookup"):
         drafter = LookupFirstDrafter(with_method(PromptLookupDrafter.build(ctx), "prompt_lookup"), drafter)
+    elif ctx.settings.get("suffix"):
+        from .suffix import SuffixDrafter, SuffixFirstDrafter
+
+        drafter = SuffixFirstDrafter(with_method(SuffixDrafter.build(ctx), "suffix"), drafter)
     return drafter
 
 

@@ -143,6 +143,10 @@ class Drafter(Priced):
     def after_verify(self, batch: Batch, verdict) -> None:
         """Called once the target's verdict is committed (`runtime.verifier.Verdict`)."""
 
+    def finished(self, seq) -> None:
+        """Request `seq` (a `Request`) has finished or was cancelled (a drafter that learns from outputs
+        takes its last tokens here)."""
+
     def close(self) -> None:
         """Release what the drafter holds beyond its batch state."""
 

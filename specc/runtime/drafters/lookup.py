@@ -118,3 +118,6 @@ class LookupFirstDrafter(Drafter):
 
     def after_verify(self, batch: Batch, verdict) -> None:
         self.model.after_verify(batch, verdict)
+
+    def finished(self, seq) -> None:
+        self.model.finished(seq)

@@ -81,29 +81,19 @@ def read_rules(args: argparse.Namespace) -> dict:
                 repetition_penalty=args.repetition_penalty, logprobs=args.logprobs)
 
 
-def warm(model, texts: list[str], log=print) -> None:
-    """Seed a model's suffix cache with --warm's texts (a note where the bundle drafts without one)."""
-    if not texts:
-        return
-    if model.suffix_cache is None:
-        log(f"--warm: bundle {model.bundle.path} drafts with {model.draft_label}, not suffix decoding; file not used")
-        return
-    log(f"--warm: {model.warm(texts)} tokens of {len(texts)} earlier outputs in the suffix cache")
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     check_run_inputs(args)
     checks.input_file(args.chat_template, "--chat-template")
     items = read_prompts(args)
     rules = read_rules(args)
     warm_texts = checks.warm_file(args.warm)
-    from ..runtime.model import read_chat_template
+    from ..runtime.model import read_chat_template, warm_from
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
     model = load_model(args)
-    warm(model, warm_texts, log=lambda m: print(m, file=sys.stderr))
+    warm_from(model, warm_texts, log=lambda m: print(m, file=sys.stderr))
     if template is not None:
         model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -161,9 +151,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     texts = checks.warm_file(args.warm)
     trees = parse_trees(args.tree) if args.tree else []
     with human_output(args):
+        from ..runtime.model import warm_from
+
         models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
         for model in models:
-            warm(model, texts)
+            warm_from(model, texts)
         results = run_bench(models, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
                             repeats=args.repeats, json_path=json_file(args), batch_size=args.max_batch, seed=args.seed,
                             compare=args.compare, llamacpp={"target_gguf": args.llamacpp_target,

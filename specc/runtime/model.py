@@ -311,6 +311,16 @@ def read_chat_template(path: str | Path) -> str:
         raise SpeccError(f"--chat-template {path}: not UTF-8 text; allowed a Jinja template file") from None
 
 
+def warm_from(model: SpecModel, texts: list[str], log=print) -> None:
+    """Seed a model's suffix cache with texts (--warm FILE) (a note where the bundle drafts without one)."""
+    if not texts:
+        return
+    if model.suffix_cache is None:
+        log(f"--warm: bundle {model.bundle.path} drafts with {model.draft_label}, not suffix decoding; file not used")
+        return
+    log(f"--warm: {model.warm(texts)} tokens of {len(texts)} earlier outputs in the suffix cache")
+
+
 class Completions(list):
     """The completions of one `generate` call, in prompt order; `stats` are that call's RunStats."""
 

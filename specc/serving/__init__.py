@@ -43,7 +43,7 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
     try:
         model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
         if warm:
-            from ..cli.run_cmds import warm as warm_model
+            from ..runtime.model import warm_from as warm_model
 
             warm_model(model, warm, log=logging.getLogger("uvicorn.error").info)
         if template is not None:

@@ -30,6 +30,7 @@ class Request:
     out: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: RowStats = field(default_factory=RowStats)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def tokens(self) -> list[int]:

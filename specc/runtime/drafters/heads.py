@@ -103,6 +103,7 @@ class EagleDrafter(GraphDrafter):
     confidence within the node budget (dynamic) or along static paths."""
 
     kind = "eagle"
+    prompt_features = True  # its cache holds an entry per prompt token, built from the target's features
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)

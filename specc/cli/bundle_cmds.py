@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import RawEpilogHelpFormatter, add_json, add_trust, add_verify, deprecated_alias, json_file, k_value
+from .parser import (RawEpilogHelpFormatter, add_context_settings, add_json, add_trust, add_verify, deprecated_alias,
+                     json_file, k_value)
 from .run_cmds import write_json
 
 
@@ -72,9 +73,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--port {args.port}: allowed 0 to 65535 (0: any free port)")
     checks.at_least(args.max_batch, "--max-batch")
     checks.at_least(args.max_queue, "--max-queue")
+    checks.at_least(args.prefix_cache_mb, "--prefix-cache-mb", low=0)
+    checks.at_least(args.prefill_chunk, "--prefill-chunk")
     serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
-          max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code)
+          max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
+          prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk)
     return 0
 
 
@@ -137,6 +141,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429")
     p.add_argument("--k", type=k_value, default="auto", help="draft tokens per round, or auto")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
+    add_context_settings(p)
     add_verify(p)
     add_trust(p)
     p.set_defaults(func=cmd_serve)

@@ -41,6 +41,7 @@ class StreamEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
     stats: dict | None = None  # the request's speculation stats, on its last event
+    cached_tokens: int | None = None  # prompt tokens the prefix cache supplied, on the request's first event
 
 
 class Scheduler:
@@ -254,7 +255,10 @@ class Scheduler:
     def _join(self, prefill: Prefill) -> list[StreamEvent]:
         """Prefilled rows emit their first tokens and join the running batch."""
         batch = self._finish_prefill(prefill)
+        cached = {s.index: s.cached_tokens for s in batch.seqs}
         events = self._advance(batch, [[t] for t in prefill.next_token])
+        for ev in events:
+            ev.cached_tokens = cached.get(ev.index)
         if batch.seqs:
             if self.batch is None:
                 self.batch = batch

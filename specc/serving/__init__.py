@@ -16,8 +16,10 @@ from ..errors import SpeccError
 def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
           api_key: str | None = None, k: int | str | None = "auto", speculative: bool = True,
           max_batch: int | None = None, max_queue: int = 256, verify: bool = True,
-          expect_id: str | None = None, trust_code: bool = False) -> None:
-    """Load a bundle and serve it until interrupted."""
+          expect_id: str | None = None, trust_code: bool = False, prefix_cache_mb: int | None = None,
+          prefill_chunk: int | None = None) -> None:
+    """Load a bundle and serve it until interrupted. prefix_cache_mb: the prefix cache's budget (None: the
+    runtime's default, 0: off); prefill_chunk: prompt tokens per prefill pass (None: the runtime's default)."""
     try:
         import uvicorn
 
@@ -33,6 +35,10 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
     sock = listen_socket(host, port)  # before the bundle loads: a busy port or a bad host fails at once
     try:
         model = load(bundle, verify=verify, expect_id=expect_id, trust_code=trust_code)
+        if prefix_cache_mb is not None:
+            model.set_prefix_cache_mb(prefix_cache_mb)
+        if prefill_chunk is not None:
+            model.prefill_chunk = prefill_chunk
         app = create_app(model, name=name, k=k, speculative=speculative,
                          max_batch=max_batch, max_queue=max_queue, api_key=api_key)
         config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

@@ -167,7 +167,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                 if ev.text or ev.finished:
                     yield json.dumps(reply.chunk([choice(position, ev.text, ev.finish_reason, reply.chat, True)]))
             if include_usage:
-                yield json.dumps(reply.chunk([], usage(reply.prompt_tokens, reply.completion_tokens)))
+                yield json.dumps(reply.chunk([], reply.usage()))
             yield "[DONE]"
         finally:
             if not reply.done:
@@ -187,6 +187,7 @@ class Reply:
         self.texts = [""] * len(job.indices)
         self.reasons: list[str | None] = [None] * len(job.indices)
         self.completion_tokens = 0
+        self.cached = [0] * len(job.indices)  # prompt tokens the prefix cache supplied, per choice
         self.last_token_at: float | None = None
         self.open = len(job.indices)
         metrics.prompt_tokens.inc(prompt_tokens)
@@ -198,6 +199,8 @@ class Reply:
     def add(self, ev: StreamEvent) -> tuple[int, StreamEvent]:
         now = time.perf_counter()
         i = self.position[ev.index]
+        if ev.cached_tokens is not None:
+            self.cached[i] = ev.cached_tokens
         self.texts[i] += ev.text
         n = len(ev.token_ids)
         if n:
@@ -218,10 +221,13 @@ class Reply:
                     self.metrics.success.labels(finished_reason=reason).inc()
         return i, ev
 
+    def usage(self) -> dict:
+        """Tokens as OpenAI counts them: each prompt once (not once per n), its cached part as its first choice's."""
+        return usage(self.prompt_tokens, self.completion_tokens, sum(self.cached[::self.job.n]))
+
     def chunk(self, choices: list[dict], use: dict | None = None) -> dict:
         return completion_object(self.id, self.model, choices, use, chunk=True, chat=self.chat)
 
     def whole(self) -> dict:
         choices = [choice(i, t, r, self.chat, False) for i, (t, r) in enumerate(zip(self.texts, self.reasons))]
-        return completion_object(self.id, self.model, choices, usage(self.prompt_tokens, self.completion_tokens),
-                                 chunk=False, chat=self.chat)
+        return completion_object(self.id, self.model, choices, self.usage(), chunk=False, chat=self.chat)

@@ -142,6 +142,38 @@ def shared_system(model, mb: int, max_new: int, users: int = 8) -> dict:
     return out
 
 
+def interleave(model, context: int) -> dict:
+    """A short request decodes (target-only) while a `context`-token prompt is prefilled beside it: the short
+    row's time between tokens before (idle) and during the long prefill."""
+    from specc.runtime.scheduler import Scheduler
+
+    tok, params = model.tokenizer, model.sampling_params()
+    long_ids = tok(source_text(), add_special_tokens=False)["input_ids"][:context]
+    scheduler = Scheduler(model, speculative=False)
+    scheduler.submit(model.new_request(0, tok("Write a long story about a lighthouse.")["input_ids"], 400, params, 0))
+    gaps: dict[str, list[float]] = {"idle": [], "prefilling": []}
+    last = None
+    for phase in ("idle", "prefilling"):
+        if phase == "prefilling":
+            scheduler.submit(model.new_request(1, long_ids, 4, params, 1))
+        while True:
+            events = scheduler.step()
+            now = time.perf_counter()
+            if any(e.index == 0 and e.token_ids for e in events):
+                if last is not None:
+                    gaps[phase].append(now - last)
+                last = now
+            if phase == "idle" and len(gaps["idle"]) >= 20:
+                break
+            if phase == "prefilling" and scheduler.prefilling is None and any(e.index == 1 for e in events):
+                break
+    idle, busy = statistics.median(gaps["idle"]), statistics.median(gaps["prefilling"])
+    print(f"  inter-token latency of a decoding row: idle {idle * 1000:.0f} ms, beside a {context}-token prefill "
+          f"{busy * 1000:.0f} ms (median of {len(gaps['prefilling'])}, max {max(gaps['prefilling']) * 1000:.0f} ms)", flush=True)
+    return {"context": context, "idle_itl_s": idle, "prefilling_itl_s": busy, "max_prefilling_itl_s": max(gaps["prefilling"]),
+            "tokens_during_prefill": len(gaps["prefilling"]), "ratio": busy / idle}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
@@ -152,6 +184,8 @@ def main() -> int:
     p.add_argument("--prefix-cache", type=int, default=0, metavar="MB",
                    help="also run the chat and shared-system-prompt benchmarks, with this cache budget (0: skip them)")
     p.add_argument("--skip-sweep", action="store_true", help="only the prefix-cache benchmarks")
+    p.add_argument("--interleave", type=int, default=0, metavar="TOKENS",
+                   help="also measure a decoding row's inter-token latency beside a prefill of this many tokens")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     model = specc.load(args.bundle)
@@ -166,6 +200,8 @@ def main() -> int:
               "runtime": "prefix cache and chunked prefill" if hasattr(model, "prefix_cache") else "whole-prompt prefill"}
     if not args.skip_sweep:
         result["sweep"] = sweep(model, [int(c) for c in args.contexts.split(",")], args.max_new_tokens, llama)
+    if args.interleave:
+        result["interleave"] = interleave(model, args.interleave)
     if args.prefix_cache:
         off, on = chat(model, 0, 48), chat(model, args.prefix_cache, 48)
         result["chat"] = {"off": off, "on": on, "equal": [a["tokens"] == b["tokens"] for a, b in zip(off["turns"], on["turns"])]}

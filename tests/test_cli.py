@@ -216,3 +216,12 @@ def test_a_full_disk_during_compile_is_named(models_dir, tmp_path, capsys, monke
     assert err.count("specc: error: ") == 1 and "Traceback" not in err
     assert ("no space left on the disk" in err and f"{free / 2**20:.0f} MiB free" in err) == full
     assert not (tmp_path / "bundle").exists() and not list(tmp_path.glob("bundle*"))
+
+
+def test_generate_cli_takes_k_auto(bundles, capsys):
+    assert main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "auto", "--max-new-tokens", "6",
+                 "--no-verify", "--json"]) == 0
+    assert '"completions"' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["generate", str(bundles["draft"]), "--prompt", "abc", "--k", "fast"])
+    assert info.value.code == 2 and "'auto'" in capsys.readouterr().err

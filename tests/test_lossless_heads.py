@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import build_bundle
+from adaptive_helpers import FlippingK
 from heads_helpers import make_random_head, write_eagle3_checkpoint
 from lossless_checks import assert_greedy_lossless, token_prompts
 from specc.runtime.drafters import heads as head_drafters, loops as draft_loops
 from specc.speculation import sampling
 from specc.testing import make_tiny_model
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
-from test_adaptive import FlippingK
 from test_lossless_sampling import PARAMS, VOCAB, draw, exact_marginals
 
 DYNAMIC = {"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 6}}

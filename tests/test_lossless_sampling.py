@@ -108,7 +108,7 @@ def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}"
 
 
-@pytest.mark.heavy  # a minute; k auto's sampled exactness stays in the default run: test_adaptive.py
+@pytest.mark.heavy  # a minute; k auto's sampled exactness stays in the default run: test_adaptive_runtime.py
 def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab, monkeypatch):
     """k auto on lookup in front of a draft model: the policy's arms, the model alone (also where lookup
     finds a continuation) and lookup alone (rows it misses get no drafts), taken in turn with a changing

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from specc.errors import RecipeError
+import specc
+from specc.errors import RecipeError, RequestError
 from specc.recipe import describe_schema, load_recipe, parse_recipe
+from specc.runtime.scheduler import Scheduler
 
 BASE = {"target": {"model": "m"}, "draft": {"method": "prompt_lookup"}}
 
@@ -92,3 +94,23 @@ def test_example_recipes_are_valid():
     assert recipes
     for path in recipes:
         load_recipe(path)
+
+
+def test_recipe_k_auto_is_the_bundles_default(models_dir, prompts, tmp_path):
+    """speculation.k: auto compiles (graphs shaped for k up to AUTO_K_MAX) and generate without k runs adaptive;
+    the bundle is compiled for limits.max_batch 1 (torch.export refuses a dynamic dim with min == max), so its
+    rows run one at a time."""
+    from conftest import build_bundle
+    from specc.limits import AUTO_K_MAX
+
+    bundle = build_bundle(tmp_path / "auto", models_dir / "target", {"method": "model", "model": str(models_dir / "draft")},
+                          speculation={"k": "auto"}, limits={"max_batch": 1, "max_context": 256})
+    model = specc.load(bundle)
+    assert model.k == "auto" and Scheduler(model).policy.k_max == AUTO_K_MAX
+    assert Scheduler(model, k=2).policy is None and Scheduler(model, speculative=False).k == 0
+    fast = model.generate(prompts[:8], max_new_tokens=16)
+    assert model.last_stats.to_dict()["rounds"] > 0
+    assert [c.token_ids for c in fast] == [c.token_ids for c in model.generate(prompts[:8], max_new_tokens=16,
+                                                                                speculative=False)]
+    with pytest.raises(RequestError, match="max_batch"):
+        Scheduler(model, max_batch=2)

@@ -279,11 +279,14 @@ class Scheduler:
                 if len(seq.out) + len(taken) >= seq.max_new_tokens:
                     seq.finish_reason = "length"
                     break
+            before = len(seq.out)
             seq.out.extend(taken)
-            self.stats.new_tokens += len(taken)
             text, hit_stop = seq.text.update(seq.out, final=seq.finish_reason is not None)
-            if hit_stop:
+            if hit_stop:  # the row ends at the token that completed the stop string, as target-only's would
                 seq.finish_reason = "stop"
+                del seq.out[seq.text.stop_end(seq.out, before + 1):]
+                taken = seq.out[before:]
+            self.stats.new_tokens += len(taken)
             done = seq.finish_reason is not None
             if text or taken or done:
                 events.append(StreamEvent(seq.index, text, taken, done, seq.finish_reason,

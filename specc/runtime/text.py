@@ -7,6 +7,14 @@ class TextStream:
         self.tokenizer, self.stop = tokenizer, stop
         self.released = ""
 
+    def stop_end(self, token_ids: list[int], start: int) -> int:
+        """The fewest tokens, at least `start`, whose text holds a stop string (len(token_ids) if none does)."""
+        for n in range(start, len(token_ids)):
+            text = self.tokenizer.decode(token_ids[:n], skip_special_tokens=True)
+            if any(s in text for s in self.stop):
+                return n
+        return len(token_ids)
+
     def update(self, token_ids: list[int], final: bool) -> tuple[str, bool]:
         """New text since the last call, and whether a stop string ended the row.
 

@@ -69,14 +69,20 @@ def sweep(model, contexts: list[int], max_new: int, llama) -> list[dict]:
     for n in contexts:
         prompt = text_ids[: n - len(instr)] + instr
         row = {"context": len(prompt)}
-        for name, spec in (("target_only", False), ("speculative", True)):
+        chunk = model.prefill_chunk
+        for name, spec, whole in (("target_only", False, False), ("target_only_unchunked", False, True),
+                                  ("speculative", True, False)):
+            if not hasattr(model, "prefill_chunk") and whole:
+                continue
+            model.prefill_chunk = 10**9 if whole else chunk  # unchunked: the whole prompt in one pass
             r = timed(model, [prompt], max_new, speculative=spec)
+            model.prefill_chunk = chunk
             row[name] = {"ttft_s": r["ttft_s"][0], "prefill_tok_s": len(prompt) / r["ttft_s"][0],
                          "decode_tok_s": r["decode_tok_s"], "tokens": len(r["tokens"][0])}
             row.setdefault("outputs", []).append(r["tokens"][0])
-            print(f"  {len(prompt):>6} {name:<12} ttft {r['ttft_s'][0]:7.2f} s  decode {r['decode_tok_s'] or 0:6.1f} tok/s",
+            print(f"  {len(prompt):>6} {name:<22} ttft {r['ttft_s'][0]:7.2f} s  decode {r['decode_tok_s'] or 0:6.1f} tok/s",
                   flush=True)
-        row["equal"] = row["outputs"][0] == row["outputs"][1]
+        row["equal"] = all(o == row["outputs"][0] for o in row["outputs"])
         del row["outputs"]
         if llama is not None:
             row["llamacpp"] = run_llama(llama, prompt, max_new, model.eos_ids)
@@ -198,17 +204,24 @@ def main() -> int:
     result = {"date": datetime.date.today().isoformat(), "machine": cpu(), "command": " ".join(sys.argv),
               "bundle": str(args.bundle), "max_new_tokens": args.max_new_tokens,
               "runtime": "prefix cache and chunked prefill" if hasattr(model, "prefix_cache") else "whole-prompt prefill"}
+
+    def save():
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+
     if not args.skip_sweep:
         result["sweep"] = sweep(model, [int(c) for c in args.contexts.split(",")], args.max_new_tokens, llama)
+        save()
     if args.interleave:
         result["interleave"] = interleave(model, args.interleave)
+        save()
     if args.prefix_cache:
-        off, on = chat(model, 0, 48), chat(model, args.prefix_cache, 48)
+        off, on = chat(model, 0, 32), chat(model, args.prefix_cache, 32)
         result["chat"] = {"off": off, "on": on, "equal": [a["tokens"] == b["tokens"] for a, b in zip(off["turns"], on["turns"])]}
-        off, on = shared_system(model, 0, 32), shared_system(model, args.prefix_cache, 32)
+        save()
+        off, on = shared_system(model, 0, 16), shared_system(model, args.prefix_cache, 16)
         result["shared_system"] = {"off": off, "on": on, "equal": off["tokens"] == on["tokens"]}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        save()
     return 0
 
 

@@ -138,3 +138,16 @@ def test_prefix_cache_stays_under_its_budget():
     off = PrefixCache(0)
     off.store(latest, k, k)
     assert off.bytes == 0 and off.match(latest) == []
+
+
+def test_max_context_model_is_the_targets_window(models_dir):
+    from specc.compiler import model_window, resolve_context
+    from specc.recipe import parse_recipe
+
+    recipe = parse_recipe({"target": {"model": str(models_dir / "target")}, "draft": {"method": "prompt_lookup"}})
+    assert recipe.limits.max_context == "model"
+    window = model_window(str(models_dir / "target"))
+    assert window and resolve_context(recipe).limits.max_context == min(window, 131072)
+    fixed = parse_recipe({"target": {"model": str(models_dir / "target")}, "draft": {"method": "prompt_lookup"},
+                          "limits": {"max_context": 96}})
+    assert resolve_context(fixed) is fixed

@@ -156,13 +156,14 @@ def interleave(model, context: int) -> dict:
     tok, params = model.tokenizer, model.sampling_params()
     long_ids = tok(source_text(), add_special_tokens=False)["input_ids"][:context]
     scheduler = Scheduler(model, speculative=False)
-    scheduler.submit(model.new_request(0, tok("Write a long story about a lighthouse.")["input_ids"], 400, params, 0))
+    code = tok(source_text(), add_special_tokens=False)["input_ids"]
+    scheduler.submit(model.new_request(0, code[-100:], 400, params, 0))  # code goes on; a story may end at once
     gaps: dict[str, list[float]] = {"idle": [], "prefilling": []}
     last = None
     for phase in ("idle", "prefilling"):
         if phase == "prefilling":
             scheduler.submit(model.new_request(1, long_ids, 4, params, 1))
-        while True:
+        while scheduler.busy:
             events = scheduler.step()
             now = time.perf_counter()
             if any(e.index == 0 and e.token_ids for e in events):

@@ -134,7 +134,7 @@ class FakeModel(SpecModel):
         self.eos_ids, self.tokenizer, self.policies = set(eos_ids), FakeTokenizer(), {}
         self.defaults = SamplingParams()
         self.draft_method = drafter.method.name if drafter is not None else "none"
-        self.prefill_chunk, self.prefix_cache = DEFAULT_CHUNK, PrefixCache(0)
+        self.prefill_chunk, self.interleave_chunk, self.prefix_cache = DEFAULT_CHUNK, DEFAULT_CHUNK, PrefixCache(0)
 
     def request(self, index: int, prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0,
                 seed: int | None = None, stop: tuple[str, ...] = (), lookahead: int = 8) -> Request:

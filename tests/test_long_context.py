@@ -59,7 +59,7 @@ def test_long_prompt_prefills_beside_decoding_rows(bundles):
     after each chunk instead of waiting for the whole prompt."""
     model = specc.load(bundles["draft"])
     model.set_prefix_cache_mb(0)
-    model.prefill_chunk = 16
+    model.prefill_chunk, model.interleave_chunk = 64, 16
     reference = {i: t for i, t in enumerate(_tokens(model, ["short one", LONG], speculative=False))}
     scheduler = Scheduler(model, speculative=False)
     params = model.sampling_params()
@@ -73,7 +73,7 @@ def test_long_prompt_prefills_beside_decoding_rows(bundles):
             decoded_while_prefilling += sum(len(e.token_ids) for e in events if e.index == 0)
         for e in events:
             out[e.index] += e.token_ids
-    assert decoded_while_prefilling >= 8  # 190 tokens in chunks of 16: 12 steps, each with a round for row 0
+    assert decoded_while_prefilling >= 8  # beside a decoding row 190 tokens go in chunks of 16: 12 steps, a round each
     assert out == reference
 
 

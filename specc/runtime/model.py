@@ -22,7 +22,7 @@ from .prefix_cache import PrefixCache, default_budget_mb
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
 from .stats import RunStats
-from .step import DEFAULT_CHUNK, StepRunner
+from .step import DEFAULT_CHUNK, INTERLEAVE_CHUNK, StepRunner
 from .target import Target
 from .verifier import Verifier
 from .text import TextStream
@@ -75,6 +75,7 @@ class SpecModel:
                 "settings that are row-invariant on which CPUs", bundle.path)
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.prefill_chunk = DEFAULT_CHUNK
+        self.interleave_chunk = INTERLEAVE_CHUNK  # prompt tokens per step while other rows decode (Scheduler.step)
         self.prefix_cache = PrefixCache(default_budget_mb() << 20)  # shared by every call and server request
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 

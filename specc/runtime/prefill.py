@@ -41,10 +41,11 @@ class Prefill:
     def remaining(self) -> int:
         return max(len(p) - n for p, n in zip(self.prompts, self.entered))
 
-    def step(self) -> None:
-        """Enter the next chunk of every row's prompt."""
+    def step(self, chunk: int | None = None) -> None:
+        """Enter the next chunk of every row's prompt (at most `chunk` tokens a row, default self.chunk)."""
         cache: KVCache = self.batch.cache
-        parts = [p[n:n + self.chunk] for p, n in zip(self.prompts, self.entered)]
+        size = max(1, int(chunk or self.chunk))
+        parts = [p[n:n + size] for p, n in zip(self.prompts, self.entered)]
         counts = [len(x) for x in parts]
         ids, n_feed = pad_right([x or p[-1:] for x, p in zip(parts, self.prompts)], cache.lengths.device)
         verdict = self.verifier.next_token(cache, ids, (n_feed - 1)[:, None], self.params, self.u)

@@ -131,7 +131,9 @@ class Scheduler:
         joined = False
         if self.prefilling is not None:
             began = time.perf_counter()
-            self.prefilling.step()
+            # beside decoding rows a smaller chunk, so that their time between tokens stays near a round's
+            chunk = self.model.prefill_chunk
+            self.prefilling.step(chunk if self.batch is None else min(chunk, self.model.interleave_chunk))
             self.stats.prefill_seconds += time.perf_counter() - began
             if self.prefilling.done:
                 events += self._join(self.prefilling)

@@ -43,7 +43,8 @@ def test_chunked_prefill_gives_the_same_cache(bundles):
     for chunk in (4096, 13):
         model.prefill_chunk = chunk
         scheduler = Scheduler(model, speculative=False)
-        requests = [model.new_request(i, model.encode([p])[0], 4, model.sampling_params(), 0) for i, p in enumerate(PROMPTS)]
+        params = model.sampling_params()
+        requests = [model.new_request(i, model.encode([p])[0], 4, params, 0) for i, p in enumerate(PROMPTS)]
         batch, first = scheduler.prefill(requests)
         caches.append((batch.cache, first))
     (a, first_a), (b, first_b) = caches

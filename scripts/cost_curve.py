@@ -3,7 +3,7 @@
     python scripts/cost_curve.py BUNDLE [--gguf FILE] [--tokens 1 2 4 6 9] [--cache 100] [--repeats 5] [--json out.json]
 
 BUNDLE must hold a float32 onnxruntime target graph (target/model.onnx). Each option re-quantises
-that graph in a temporary directory (backends/matmul_nbits.py or integer_gemm.py, as `target.quantize`
+that graph in a temporary directory (onnx_passes/quantize_matmul_nbits.py or quantize_int8_gemm.py, as `target.quantize`
 does) and times
 ONNX Runtime sessions set up like the onnxruntime backend's (all the CPUs this process may use:
 restrict them with taskset); options are timed interleaved, the median of --repeats is reported.
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specc.backends.matmul_nbits import QuantConfig
-from specc.backends.onnxruntime_backend import _cpu_threads, quantize_blocks, session_options
+from specc.backends.onnxruntime_backend import quantize_blocks, session_options
+from specc.hardware import usable_cores
+from specc.onnx_passes import QuantConfig
 
 OPTIONS = {
     "float32": None,
@@ -79,7 +80,7 @@ def main() -> None:
             gguf = opt.pop("gguf", None)
             config = QuantConfig(**opt)
             if gguf:
-                from specc.backends.gguf_import import read_gguf_blocks
+                from specc.models.gguf_blocks import read_gguf_blocks
 
                 config.imported = read_gguf_blocks(gguf, config.bits)
             dst = Path(tmp) / name.replace(" ", "_") / "model.nbits.onnx"
@@ -116,7 +117,7 @@ def main() -> None:
         agree = f"{r['top1_agreement_with_float32']:.3f}" if r["top1_agreement_with_float32"] is not None else "-"
         print(f"| {r['option']} | {ms} | {mb} | {agree} |")
     if args.json:
-        args.json.write_text(json.dumps({"cache": args.cache, "threads": _cpu_threads(), "repeats": args.repeats,
+        args.json.write_text(json.dumps({"cache": args.cache, "threads": usable_cores(), "repeats": args.repeats,
                                          "rows": rows}, indent=2))
 
 

@@ -220,7 +220,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="max_tokens of every request")
     # the earlier name, hidden: commands written with it keep working
     ap.add_argument("--max-tokens", type=int, dest="max_new_tokens", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.bench.prompts)")
+    ap.add_argument("--code", type=int, default=16, help="code prompts (specc.prompts)")
     ap.add_argument("--chat", type=int, default=16, help="chat prompts")
     ap.add_argument("--k", type=int, default=None, help="the fixed k compared (default: the recipe's)")
     ap.add_argument("--modes", nargs="+", default=["auto", "fixed", "none"], choices=["auto", "fixed", "none"])
@@ -234,7 +234,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import specc
-    from specc.bench.prompts import build
+    from specc.prompts import build
 
     items = build(args.code, args.chat)
     model = specc.load(args.bundle, verify=False)

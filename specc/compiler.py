@@ -13,7 +13,6 @@ import torch
 
 from .version import __version__
 from .backends import LowerOptions, get_backend
-from .backends.matmul_nbits import QuantConfig
 from .backends.profiles import ShapePlan, dim_sizes, plan_profiles, step_tokens
 from .bundle import BundleWriter
 from .capture.shapes import ModelDims, dim_ranges, example_inputs
@@ -23,6 +22,7 @@ from .heads.graph import capture_head
 from .heads.store import load_head
 from .limits import auto_k_max
 from .models.load import check_same_tokenizer, gguf_source, load_model, resolve_source
+from .onnx_passes import QuantConfig
 from .passes import build_pipeline
 from .progress import Stages
 from .methods import get_method
@@ -281,7 +281,7 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
     keeps_blocks = spec.gguf_blocks and recipe.backend == "onnxruntime" and spec.quantize != "int8-gemm"
     gguf = gguf_source(spec.model) if keeps_blocks else None
     if gguf is not None:
-        from .backends.gguf_import import read_gguf_blocks
+        from .models.gguf_blocks import read_gguf_blocks
 
         config.imported = read_gguf_blocks(gguf, bits, tuple(spec.gguf_requantize))
     return config

@@ -97,8 +97,9 @@ class TreeSpec:
 @dataclass(frozen=True)
 class SpeculationSpec:
     mode: str = _f("chain", "chain: k tokens in a row; tree: a token tree verified in one pass", choices=("chain", "tree"))
-    k: int | str = _f(4, f"chain mode: draft tokens per round, or auto: chosen every round (0 to {AUTO_K_MAX}) from the "
-                         "measured acceptance and costs", lo=1, hi=MAX_K, also=("auto",))
+    k: int | str = _f("auto", f"chain mode: auto, chosen every round (0 to {AUTO_K_MAX}) from the measured acceptance "
+                              "and costs (rounds where drafting does not pay decode plainly); or a fixed "
+                              "number of draft tokens per round", lo=1, hi=MAX_K, also=("auto",))
     tree: TreeSpec = _f(TreeSpec(), "tree mode: shape of the token tree")
     verify_head: bool = _f(False, "compute acceptance inside the target graph (verification-head pass)")
 

@@ -104,7 +104,7 @@ def test_bench_warms_k_auto_up_on_prompts_outside_the_benchmark(cli_bundle, tmp_
     """k auto's policy learns from every call: before it is timed it answers the warm-up prompts at the
     run's token budget, as a running server has answered earlier requests; fixed k is not warmed so."""
     from specc.bench import run as bench_run
-    from specc.bench.prompts import CHAT, warmup_items
+    from specc.prompts import CHAT, warmup_items
 
     assert not {it["prompt"] for it in warmup_items()} & set(CHAT)
     calls, real = [], bench_run.SpeccSystem.run
@@ -136,7 +136,8 @@ def test_inspect_and_doctor_and_passes(cli_bundle, capsys):
     assert "onnxruntime" in out and "tensorrt" in out and "bfloat16 matmuls: " in out and "\ncpu: " in out
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
-    for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head"):
+    for name in ("add_early_exit", "truncate_to_exit", "replace_causal_mask", "insert_verify_head",
+                 "fold_weight_transposes", "quantize_matmul_nbits", "quantize_weight_only_dq", "compute_attention_in_fp64"):
         assert f"{name}:" in out
     assert main(["models", "list"]) == 0
     assert "smollm2-135m-instruct" in capsys.readouterr().out

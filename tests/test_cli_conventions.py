@@ -64,7 +64,7 @@ def test_compile_help_marks_required_fields_and_k_auto(capsys):
     with pytest.raises(SystemExit):
         main(["compile", "--help"])
     out = capsys.readouterr().out
-    assert "target.model (required)" in out and "speculation.k (default 4) [1..16|auto]" in out
+    assert "target.model (required)" in out and "speculation.k (default 'auto') [1..16|auto]" in out
     assert "target.model (default None)" not in out
     assert [line.split()[0] for line in out.splitlines() if "(required)" in line] == ["target.model"]
     assert "target.keep_float (default [])" in out

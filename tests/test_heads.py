@@ -297,15 +297,15 @@ def test_resume_refuses_a_checkpoint_of_other_weights(target, tmp_path):
     """The backstop for checkpoints that say nothing of their settings: shapes are compared before loading."""
     from specc.errors import SpeccError
     from specc.heads.store import build_head
-    from specc.training.heads import _checkpoint, _resume
+    from specc.training.checkpoints import resume, save_checkpoint
 
     _, hf = target
     medusa = build_head("medusa", hf, n_heads=2)
-    _checkpoint(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters()), 3, "medusa")
+    save_checkpoint(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters()), 3, "medusa")
     eagle = build_head("eagle", hf)
     with pytest.raises(SpeccError, match="does not hold this head's weights"):
-        _resume(tmp_path / "checkpoint.safetensors", eagle, torch.optim.AdamW(eagle.parameters()))
-    assert _resume(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters())) == 3
+        resume(tmp_path / "checkpoint.safetensors", eagle, torch.optim.AdamW(eagle.parameters()))
+    assert resume(tmp_path / "checkpoint.safetensors", medusa, torch.optim.AdamW(medusa.parameters())) == 3
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])  # eagle3: test_trained_eagle3_head_loads_compiles_and_stays_lossless
@@ -361,7 +361,7 @@ def test_init_target_starts_the_eagle_layer_as_the_targets_last(target, tmp_path
     from specc.errors import SpeccError
     from specc.heads.store import build_head
     from specc.testing import tiny_model
-    from specc.training.heads import start_from_target
+    from specc.training.head_init import start_from_target
 
     _, hf = target
     head = build_head("eagle", hf)
@@ -389,7 +389,7 @@ def test_init_target_starts_the_eagle3_midlayer_as_the_targets_last(target):
     that layer (its hidden state through the head's norm is the target's final hidden state); fc passes
     the highest fused layer through and the embedding's half of the attention input is unused at first."""
     from specc.heads.store import build_head
-    from specc.training.heads import start_from_target
+    from specc.training.head_init import start_from_target
 
     _, hf = target
     n_layers, hidden, n = hf.config.num_hidden_layers, hf.config.hidden_size, 6
@@ -441,7 +441,7 @@ def test_target_answers_resume_from_their_journal(target, tmp_path, monkeypatch)
     what one uninterrupted run gives. A line cut short by the interruption is answered again."""
     from transformers import AutoTokenizer
 
-    from specc.training.head_data import generate
+    from specc.training.answers import generate
 
     path, model = target
     tok = AutoTokenizer.from_pretrained(path)
@@ -480,14 +480,16 @@ def test_answers_record_what_the_teacher_pass_computes(target, tmp_path, monkeyp
     from transformers import AutoTokenizer
 
     import specc.training.head_data as hd
+    from specc.training.answers import Recorder
+    from specc.training.prompt_corpora import encode
 
     path, model = target
     tok = AutoTokenizer.from_pretrained(path)
     texts = ["def f(", "x", "import os\nclass A:", "y =", "for i in"]  # padded in batches of 3
     monkeypatch.setattr(hd, "training_prompts", lambda cfg: [(t, False) for t in texts])
-    monkeypatch.setattr(hd._Recorder, "LOGIT_ROWS", 4)  # the prompt positions' extra LM-head pass in several pieces
+    monkeypatch.setattr(Recorder, "LOGIT_ROWS", 4)  # the prompt positions' extra LM-head pass in several pieces
     cfg = hd.DataConfig(n_code=5, n_chat=0, new_tokens=6, top_k=4, batch=3)
-    prompts = [hd._encode(tok, t, False, cfg.max_prompt_tokens) for t in texts]
+    prompts = [encode(tok, t, False, cfg.max_prompt_tokens) for t in texts]
     key = cfg.key("t") + ("-l" + "-".join(map(str, layers)) if layers else "")  # build_data's cache name
     data_file = tmp_path / f"heads-data-{key}.safetensors"
     journal = data_file.with_suffix(".answers.jsonl")
@@ -524,7 +526,7 @@ def test_eagle_training_unroll_drafts_as_the_runtime_does(target):
     """Training-time test: step s of the unrolled loss, at every round o at once, equals drafting
     step by step with the head's own cache (true entries 0..o, then the round's draft entries)."""
     from specc.heads.store import build_head
-    from specc.training.heads import eagle_unroll
+    from specc.training.losses import eagle_unroll
 
     _, hf = target
     torch.manual_seed(0)
@@ -555,7 +557,7 @@ def test_held_out_chains_from_one_pass_equal_chains_from_each_prefix(target, kin
     """The held-out estimate enters a row's true entries once and starts every round from a slice of that
     cache: the drafts equal those of a round that enters its own prefix (as the runtime's rounds do)."""
     from specc.heads.store import build_head
-    from specc.training.heads import _eagle_chain, _eagle_enter
+    from specc.training.held_out import _eagle_chain, _eagle_enter
 
     _, hf = target
     torch.manual_seed(0)
@@ -586,10 +588,12 @@ def test_held_out_chains_from_one_pass_equal_chains_from_each_prefix(target, kin
 def test_training_prompts_leave_out_the_benchmark_and_vary():
     """Training code comes from many standard-library modules, never the benchmark's; no chat prompt is
     a benchmark prompt; the grid gives far more distinct chat prompts than one run asks for."""
-    from specc.bench.prompts import CHAT, build
-    from specc.training.head_data import DataConfig, _stdlib_sources, training_prompts
+    from specc.prompts import CHAT, build
+    from specc.training.data_config import DataConfig
+    from specc.training.prompt_corpora import training_prompts
+    from specc.training.stdlib_sources import stdlib_sources
 
-    sources = _stdlib_sources()
+    sources = stdlib_sources()
     names = {p.stem for p in sources}
     assert len(sources) > 200 and not {"heapq", "textwrap", "fractions", "statistics"} & names
     prompts = training_prompts(DataConfig(n_code=400, n_chat=400))
@@ -603,7 +607,7 @@ def test_round_acceptance_counts_rounds_as_a_greedy_run_does(monkeypatch):
     """The card's greedy-run estimate: rounds start where the answer does and each next one after the
     accepted drafts and the target's token, so a head that is always right takes k + 1 positions a
     round, one that is always wrong 1, one right only first 2."""
-    from specc.training import heads
+    from specc.training import held_out
 
     n, p, k = 20, 5, 3
     argmax = torch.arange(100, 100 + n)
@@ -616,14 +620,16 @@ def test_round_acceptance_counts_rounds_as_a_greedy_run_does(monkeypatch):
              "wrong": (lambda o, k: argmax[o + 1:o + 1 + k] + 1, [0.0, 0.0, 0.0], 13),  # o = 4 .. 16
              "first": (lambda o, k: torch.cat([argmax[o + 1:o + 2], argmax[o + 2:o + 1 + k] + 1]), [1.0, 0.0, 0.0], 7)}
     for draft, by_position, rounds in cases.values():
-        monkeypatch.setattr(heads, "_drafter", lambda *a, draft=draft: draft)
-        assert heads.round_acceptance(None, data, torch.tensor([0]), k) == (by_position, rounds)
+        monkeypatch.setattr(held_out, "_drafter", lambda *a, draft=draft: draft)
+        assert held_out.round_acceptance(None, data, torch.tensor([0]), k) == (by_position, rounds)
 
 
 def test_consecutive_data_sets_take_prompts_after_the_earlier_sets():
     """`--num-prompts 5 --num-prompts 5 --num-prompts 5`: three sets whose prompts are disjoint and together are the
     prompts of one set as large (odd counts too); the first set's cache key is the one-set key."""
-    from specc.training.head_data import DataConfig, text_windows, training_prompts
+    from specc.training.data_config import DataConfig
+    from specc.training.prompt_corpora import training_prompts
+    from specc.training.stdlib_sources import text_windows
     from specc.training.heads import consecutive_sets
 
     sets = consecutive_sets([5, 5, 5], new_tokens=8)
@@ -642,10 +648,9 @@ def test_consecutive_data_sets_take_prompts_after_the_earlier_sets():
 
 
 def test_training_text_leaves_out_the_benchmark_modules():
-    """`--source text` windows come from modules no benchmark prompt is taken from (ipaddress was in both
-    until prompts version 4; the heads measured since stop 22 were trained with `--source answers`)."""
-    from specc.bench.prompts import STDLIB_MODULES
-    from specc.training.head_data import TRAIN_MODULES
+    """`--source text` windows come from modules no benchmark prompt is taken from."""
+    from specc.prompts import STDLIB_MODULES
+    from specc.training.stdlib_sources import TRAIN_MODULES
 
     assert not set(TRAIN_MODULES) & set(STDLIB_MODULES)
     assert not any(m.startswith(b + ".") or b.startswith(m + ".") for m in TRAIN_MODULES for b in STDLIB_MODULES)
@@ -654,7 +659,7 @@ def test_training_text_leaves_out_the_benchmark_modules():
 def test_teacher_pass_resumes_from_its_saved_parts(target, tmp_path):
     """An interrupted teacher pass keeps its finished parts; the next run computes only the rest and gives
     what one uninterrupted run gives. A part cut short, or one over other sequences, is computed again."""
-    from specc.training.head_data import teacher_pass
+    from specc.training.teacher_pass import teacher_pass
 
     _, model = target
     seqs = [([5, 6, 7, 8], 1), ([8, 9], 1), ([10, 11, 12, 13, 14], 2), ([3, 4, 5], 0), ([14, 15, 16], 2)]
@@ -725,7 +730,8 @@ def test_self_written_chat_prompts_are_sampled_once_and_kept(target, tmp_path, m
     file that a rerun reads instead of sampling again; grid sets keep the cache keys they always had."""
     from transformers import AutoTokenizer
 
-    from specc.training.head_data import DataConfig, _clean_question, question_seeds, written_questions
+    from specc.training.data_config import DataConfig
+    from specc.training.self_questions import _clean_question, question_seeds, written_questions
 
     path, model = target
     tok = AutoTokenizer.from_pretrained(path)
@@ -756,8 +762,9 @@ def test_unusable_written_messages_are_sampled_again_then_templated(target, tmp_
     """A reply that is no user message is sampled again (RESAMPLES times, only those rows), then falls back."""
     from transformers import AutoTokenizer
 
-    from specc.training import head_data
-    from specc.training.head_data import DataConfig, question_seeds, written_questions
+    from specc.training import self_questions
+    from specc.training.data_config import DataConfig
+    from specc.training.self_questions import question_seeds, written_questions
 
     path, model = target
     tok = AutoTokenizer.from_pretrained(path)
@@ -778,7 +785,7 @@ def test_unusable_written_messages_are_sampled_again_then_templated(target, tmp_
     questions = written_questions(model, tok, cfg, tmp_path / "q.json")
     topic = question_seeds(cfg)[2][1]
     assert questions == ["Why do tides rise?", "How do magnets work?", f"Tell me about {topic}."]
-    assert calls == [3, 2, 1] and head_data.RESAMPLES == 2
+    assert calls == [3, 2, 1] and self_questions.RESAMPLES == 2
 
 
 def test_train_head_with_self_written_chat(target, tmp_path, monkeypatch, capsys):

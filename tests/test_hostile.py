@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specc
-from specc.bundle import MANIFEST, Manifest, bundle_id, open_bundle, read_manifest, sha256_of
+from specc.bundle import MANIFEST, Manifest, bundle_id, open_bundle, read_manifest
 from specc.cli import main
+from specc.digest import sha256_of
 from specc.errors import BundleError, RequestError, SpeccError
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

@@ -194,3 +194,27 @@ def test_verify_head_keeps_the_feature_output(hf):
     AddFeatureOutputs()(graph)
     InsertVerifyHead()(graph)
     assert graph.outputs == ["n_accepted", "next_token", "new_k", "new_v", "features"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "starcoder2", "gemma"])
+def test_feature_output_is_the_models_own_final_norm(arch):
+    """Medusa and EAGLE-1/2 heads read the final norm's output: RMSNorm, Gemma's (1 + w) RMSNorm, and
+    StarCoder2's LayerNorm with a bias must all give what the model's own norm gives."""
+    from specc.passes.add_feature_outputs import AddFeatureOutputs
+    from specc.testing import tiny_model
+
+    model = tiny_model(arch, seed=5)
+    with torch.no_grad():  # a norm that is not the identity at init, so a wrong kind of norm shows
+        model.model.norm.weight.uniform_(0.5, 1.5)
+        if getattr(model.model.norm, "bias", None) is not None:
+            model.model.norm.bias.uniform_(-0.5, 0.5)
+    ids = torch.randint(0, 256, (1, 6))
+    with torch.no_grad():
+        expect = model.model(ids).last_hidden_state
+    graph = capture("target", model, dim_ranges(4, 64))
+    AddFeatureOutputs()(graph)
+    dims = graph.dims
+    empty = torch.zeros(dims.n_layers, 1, dims.n_kv_heads, 0, dims.head_dim)
+    *_, feats = _run(graph.export().module(), ids, torch.arange(6)[None], torch.zeros(1, dtype=torch.long),
+                     torch.full((1, 1), 5), empty, empty)
+    assert (feats - expect).abs().max() < 1e-4

@@ -9,141 +9,14 @@ import torch
 import specc
 from specc.compiler import compile_recipe
 from lossless_checks import token_prompts
-from specc.backends.integer_gemm import quantize_channels, quantize_linear_layers_int8_gemm
-from specc.backends.matmul_nbits import QuantConfig, quantize_linear_layers, quantize_rtn
+from specc.block_weights import quantize_rtn
+from specc.onnx_passes.quantize_int8_gemm import quantize_channels
 from specc.errors import RecipeError
 from specc.recipe import parse_recipe
 from specc.speculation import sampling
 from specc.testing import derive_draft, make_tiny_model
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue, total_variation
 from test_lossless_sampling import PARAMS, VOCAB, _accept_everything, draw, exact_marginals
-
-
-def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj", opset: int = 23):
-    """An ONNX graph y = x @ wᵀ whose MatMul carries the exporter's module scope, as specc's graphs do."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    n, k = w.shape
-    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
-    node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", n])],
-                              [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def run_graph(model, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-
-
-@pytest.mark.parametrize("bits,block,symmetric,k", [(4, 32, True, 64), (4, 32, False, 64), (4, 128, True, 96),
-                                                    (8, 16, True, 64), (8, 32, False, 80), (4, 16, True, 48)])
-def test_matmul_nbits_multiplies_by_the_dequantised_weight(bits, block, symmetric, k):
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(40, k)).astype(np.float32)
-    bw = quantize_rtn(w, bits, block, symmetric)
-    step = np.abs(w).max() / (2 ** (bits - 1) - 1)
-    assert np.abs(bw.dequantize() - w).max() <= step  # round to nearest: within one level of the block's scale
-    model = one_linear_graph(w)
-    summary = quantize_linear_layers(model, QuantConfig(bits, block, accuracy_level=1, symmetric=symmetric))
-    assert summary["layers"] == {f"rtn int{bits} block {block}": 1}
-    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"] and not model.graph.initializer[0].name == "W"
-    x = rng.normal(size=(2, 3, k)).astype(np.float32)
-    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
-
-
-def test_offsets_and_kept_layers():
-    """Per-block float offsets (GGUF minimums) go through the blocksum MatMul; keep_float leaves a layer alone."""
-    rng = np.random.default_rng(1)
-    w = rng.normal(size=(24, 64)).astype(np.float32)
-    bw = quantize_rtn(w, 4, 32, symmetric=False)
-    bw.zero_points[:] = 0
-    bw.offsets = rng.normal(size=bw.scales.shape).astype(np.float32)
-    bw.source = "gguf:test"
-    model = one_linear_graph(bw.dequantize())
-    summary = quantize_linear_layers(model, QuantConfig(4, 32, accuracy_level=1, imported={"layers.0.mlp.up_proj": [bw]}))
-    assert summary["layers"] == {"gguf:test int4 block 32 +offsets": 1}
-    x = rng.normal(size=(1, 5, 64)).astype(np.float32)
-    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
-    kept = one_linear_graph(w, "lm_head")
-    assert quantize_linear_layers(kept, QuantConfig(4, keep_float=("lm_head",)))["layers"] == {"float32": 1}
-
-
-def test_int8_gemm_multiplies_by_the_channel_quantised_weight():
-    """int8-gemm: y = x @ the per-channel int8 weightᵀ, with activations in two int8 parts per row (~15 bits, so a
-    100x outlier channel costs the others little), each row the same bits whatever the pass holds."""
-    rng = np.random.default_rng(4)
-    w = rng.normal(size=(40, 96)).astype(np.float32)
-    q, scale = quantize_channels(w)
-    deq = q.astype(np.float32) * scale[:, None]
-    assert np.abs(deq - w).max(1).max() <= (np.abs(w).max(1) / 127 / 2 * 1.0001).max()
-    model = one_linear_graph(w)
-    shared_input = one_linear_graph(w)
-    summary = quantize_linear_layers_int8_gemm(model, QuantConfig(8, kind="int8-gemm"))
-    assert summary["layers"] == {"int8 per channel": 1} and summary["weight_bytes"] == 40 * 96 + 40 * 4
-    assert summary["rows_independent_of_pass_size"] is True
-    assert "MatMulInteger" in [n.op_type for n in model.graph.node] and "W" not in [i.name for i in model.graph.initializer]
-    x = rng.normal(size=(2, 7, 96)).astype(np.float32)
-    x[..., 5] *= 100
-    y, ref = run_graph(model, x), x @ deq.T
-    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()
-    one_at_a_time = np.concatenate([run_graph(model, x[:, i:i + 1]) for i in range(7)], axis=1)
-    assert np.array_equal(y, one_at_a_time)  # rows do not depend on the pass size
-    kept = quantize_linear_layers_int8_gemm(shared_input, QuantConfig(8, kind="int8-gemm", keep_float=("layers.*",)))
-    assert kept["layers"] == {"float32": 1}
-
-
-def _two_linears_graph(wa: np.ndarray, wb: np.ndarray, shared: bool):
-    """ya = x @ waᵀ (+ 1), yb = x @ wbᵀ, both MatMuls reading x itself (shared) or b reading a copy of x."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    def linear(x, w, y, module):
-        node = helper.make_node("MatMul", [x, w], [y], name=f"mm.{y}")
-        node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
-        return node
-
-    nodes = [helper.make_node("Identity", ["x"], ["x2"]), linear("x", "Wa", "ya0", "layers.0.mlp.gate_proj"),
-             helper.make_node("Add", ["ya0", "one"], ["ya"]),
-             linear("x" if shared else "x2", "Wb", "yb", "layers.0.mlp.up_proj")]
-    k = wa.shape[1]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["b", "t", w.shape[0]])
-                               for y, w in (("ya", wa), ("yb", wb))],
-                              [numpy_helper.from_array(np.ascontiguousarray(wa.T), "Wa"),
-                               numpy_helper.from_array(np.ascontiguousarray(wb.T), "Wb"),
-                               numpy_helper.from_array(np.array(1, np.float32), "one")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-
-
-def test_int8_gemm_merges_linears_that_read_one_input_without_changing_a_bit():
-    import onnxruntime as ort
-
-    rng = np.random.default_rng(5)
-    wa, wb = rng.normal(size=(24, 64)).astype(np.float32), rng.normal(size=(40, 64)).astype(np.float32)
-    merged, apart = _two_linears_graph(wa, wb, shared=True), _two_linears_graph(wa, wb, shared=False)
-    summary = quantize_linear_layers_int8_gemm(merged, QuantConfig(8, kind="int8-gemm"))
-    assert summary["merged_layers"] == 1 and summary["layers"] == {"int8 per channel": 1}
-    assert quantize_linear_layers_int8_gemm(apart, QuantConfig(8, kind="int8-gemm"))["merged_layers"] == 0
-    assert [n.op_type for n in merged.graph.node].count("MatMulInteger") == 1
-    assert not {"Wa", "Wb"} & {i.name for i in merged.graph.initializer}
-    x = rng.normal(size=(2, 5, 64)).astype(np.float32)
-    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})  # noqa: E731
-    for y, y_apart in zip(run(merged), run(apart)):
-        assert np.array_equal(y, y_apart)
-    kept = _two_linears_graph(wa, wb, shared=True)
-    assert quantize_linear_layers_int8_gemm(kept, QuantConfig(8, kind="int8-gemm", keep_float=("*up_proj",)))[
-        "merged_layers"] == 0
-
-
-def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
-    rng = np.random.default_rng(2)
-    w = rng.normal(size=(16, 32)).astype(np.float32)
-    other = quantize_rtn(w + 1, 4, 32)
-    other.source = "gguf:Q4_0"
-    summary = quantize_linear_layers(one_linear_graph(w), QuantConfig(4, 32, imported={"layers.0.mlp.up_proj": [other]}))
-    assert summary["layers"] == {"rtn (gguf values differ) int4 block 32": 1}
 
 
 def test_recipe_fields_and_errors():
@@ -210,8 +83,8 @@ def test_row_invariance_is_checked_and_recorded(quantized_bundles, caplog):
     Runtime 1.32: every size at block 32, accuracy level 4 with AVX-512 VNNI; on an AVX2-only CPU 2 rows, 1-row
     passes take a kernel of their own). Compile records the check where it compiles; the runtime asks again where
     it runs, pads its 1-token target passes to that many rows, and warns where no pass size is enough."""
-    from specc.backends.matmul_nbits import fewest_pass_rows
-    from specc.backends.row_invariance import min_pass_rows_here
+    from specc.hardware import min_pass_rows_here
+    from specc.onnx_passes.quantize_matmul_nbits import fewest_pass_rows
 
     here = fewest_pass_rows(64, 48, 4, 32, 4)
     assert here in (1, 2, None)
@@ -371,28 +244,6 @@ def test_broken_rule_on_the_quantised_target_is_caught(small_vocab_quantised, mo
     samples, _ = draw(bundle, PARAMS[0])
     assert chi2_pvalue(samples[:, 0], exact[0]) > PASS_P
     assert min(chi2_pvalue(samples[:, pos], exact[pos]) for pos in (1, 2)) < FAIL_P
-
-
-@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
-def test_tensorrt_weight_only_form(kind):
-    """The TensorRT route's DequantizeLinear → MatMul graph computes x @ dequantised W (ONNX Runtime as the
-    reference), and passes the TensorRT operator-table check; MatMulNBits does not, with a pointer to it."""
-    from specc.backends.trt_coverage import check_onnx
-    from specc.backends.trt_weight_only import weight_only_dq
-
-    rng = np.random.default_rng(3)
-    w = rng.normal(size=(48, 256)).astype(np.float32)
-    model = one_linear_graph(w, opset=18)  # the tensorrt backend's export opset
-    summary = weight_only_dq(model, kind, block_size=64)
-    assert summary["layers"] == 1 and [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
-    x = rng.normal(size=(1, 3, 256)).astype(np.float32)
-    rel = np.abs(run_graph(model, x) - x @ w.T).max() / np.abs(x @ w.T).max()
-    assert rel < {"int4": 0.15, "int8": 0.02, "fp8": 0.08}[kind]
-    report = check_onnx(model)
-    assert report.ok, report.message()
-    nbits = one_linear_graph(w, opset=18)
-    quantize_linear_layers(nbits, QuantConfig(4, 32))
-    assert "DequantizeLinear → MatMul" in check_onnx(nbits).message()
 
 
 def test_eval_cli_reports_the_quantised_target(quantized_bundles, capsys, tmp_path):

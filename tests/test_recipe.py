@@ -19,7 +19,7 @@ def _err(data) -> str:
 
 def test_minimal_recipe_gets_defaults():
     r = parse_recipe(BASE)  # max_context "model": the target's own window, resolved at compile
-    assert r.backend == "onnxruntime" and r.speculation.k == 4 and r.limits.max_context == "model"
+    assert r.backend == "onnxruntime" and r.speculation.k == "auto" and r.limits.max_context == "model"
     assert parse_recipe({**BASE, "speculation": {"k": "auto"}}).speculation.k == "auto"
 
 

@@ -10,8 +10,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from specc.bundle import Manifest, open_bundle, sha256_of
+from specc.bundle import Manifest, open_bundle
 from specc.cli import main
+from specc.digest import sha256_of
 from specc.errors import BundleError
 from specc.triton import write_repository
 from specc.triton.configs import engine_config

@@ -8,8 +8,8 @@ from typing import Protocol
 import torch
 from torch.export import ExportedProgram
 
+from ..onnx_passes import QuantConfig
 from ..recipe import TensorRTSpec
-from .matmul_nbits import QuantConfig
 from .profiles import ShapePlan
 
 

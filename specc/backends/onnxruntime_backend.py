@@ -12,10 +12,9 @@ import torch
 from torch.export import ExportedProgram
 
 from ..hardware import usable_cores
-from .attention_fp64 import attention_in_float64
+from ..onnx_passes import QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
+from ..onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from .base import LowerOptions, check_engine_matches, require_version
-from .integer_gemm import quantize_linear_layers_int8_gemm
-from .matmul_nbits import QuantConfig, fold_weight_transposes, quantize_linear_layers
 from .onnx_export import export_onnx, fused_op_counts, opset_of
 
 FILE = "model.onnx"
@@ -29,10 +28,8 @@ def session_options():
     per session whose threads spin between operators during a run and stop spinning when it returns.
 
     Draft and target sessions alternate many times per round. Pools that kept spinning after a run
-    stole the cores from the other session (1.8x slower end to end); passive pools pay a thread
-    wake-up for every operator (Qwen2.5 0.5B int4 draft step 19.8 ms against 17.3, 1.5B int8-gemm verify
-    of 5 tokens 92.6 against 79.9 ms, alternating as in a round here). `session.force_spinning_stop`
-    keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
+    would steal the cores from the other session; passive pools pay a thread wake-up for every
+    operator. `session.force_spinning_stop` keeps the spinning inside runs. SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared
     with other busy processes).
     """
     import onnxruntime as ort
@@ -152,7 +149,7 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
     import onnx
 
     model = onnx.load(str(src))
-    fold_weight_transposes(model)
+    FoldWeightTransposes()(model)
     if kind == "int4":
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -178,16 +175,13 @@ def quantize(src: Path, dst: Path, kind: str) -> None:
 
 
 def quantize_blocks(src: Path, dst: Path, config: QuantConfig) -> dict:
-    """Target quantisation: every linear layer's MatMul → MatMulNBits (matmul_nbits.py), or for int8-gemm
-    → the integer GEMM (integer_gemm.py); attention in float64 (attention_fp64.py: the k+1-token verify
-    then sees the numbers a 1-token decode sees). Returns what the manifest records (settings, layer
-    counts by format, weight bytes per pass, attention nodes rewritten)."""
+    """Target quantisation by the ONNX passes of `onnxruntime_target_pipeline` (specc/onnx_passes). Returns
+    what the manifest records (settings, layer counts by format, weight bytes per pass, attention nodes
+    rewritten)."""
     import onnx
 
     model = onnx.load(str(src))
-    fold_weight_transposes(model)
-    summary = (quantize_linear_layers_int8_gemm if config.kind == "int8-gemm" else quantize_linear_layers)(model, config)
-    summary["attention_float64"] = attention_in_float64(model)
+    summary = run_onnx_passes(model, onnxruntime_target_pipeline(config))
     onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     return {"keep_float": list(config.keep_float), **summary}
 

@@ -28,6 +28,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import BackendUnavailableError, BundleError, SpeccError
+from ..onnx_passes import run_onnx_passes, tensorrt_target_pipeline
 from .base import LowerOptions
 from .gpu import check_same_gpu, cuda_device, device_facts
 from .onnx_export import export_onnx
@@ -165,16 +166,12 @@ class TensorRTBackend:
 
 
 def _weight_only(onnx_path: Path, options: LowerOptions) -> dict:
-    """target.quantize on TensorRT: rewrite the exported ONNX in place into DequantizeLinear → MatMul form."""
+    """target.quantize on TensorRT: rewrite the exported ONNX in place into DequantizeLinear → MatMul form
+    (`tensorrt_target_pipeline`, specc/onnx_passes)."""
     import onnx
 
-    from .matmul_nbits import fold_weight_transposes
-    from .trt_weight_only import weight_only_dq
-
-    config = options.weight_quant
     model = onnx.load(str(onnx_path))
-    fold_weight_transposes(model)
-    summary = weight_only_dq(model, config.kind, config.block_size, config.keep_float)
+    summary = run_onnx_passes(model, tensorrt_target_pipeline(options.weight_quant))
     for path in onnx_path.parent.iterdir():
         path.unlink()
     onnx.save(model, str(onnx_path), save_as_external_data=True, location=onnx_path.name + ".data")

@@ -24,8 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import SpeccError
+from ..onnx_passes.quantize_weight_only_dq import OPSET_BLOCKED_DQ
 from .onnx_export import PASS_KEY
-from .trt_weight_only import OPSET_BLOCKED_DQ
 
 TABLE = Path(__file__).parent / "data" / "tensorrt_onnx_ops.json"
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -146,7 +146,7 @@ def _check_graph(graph, table: dict, opset: int, report: CoverageReport, outer: 
         problem = None
         if node.op_type == "MatMulNBits":
             problem = ("MatMulNBits is ONNX Runtime's weight-only kernel, not an ONNX operator; for TensorRT express the "
-                       "weights as DequantizeLinear → MatMul (backends/trt_weight_only.py)")
+                       "weights as DequantizeLinear → MatMul (onnx_passes/quantize_weight_only_dq.py)")
         elif node.domain not in DEFAULT_DOMAINS:
             problem = f"operator domain {node.domain!r} is not ONNX's; TensorRT's parser reads ai.onnx operators only"
         elif node.op_type not in operators:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ..errors import SpeccError
 from ..hardware import cpu
 from ..limits import is_probability
-from .prompts import warmup_items
+from ..prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
 
@@ -69,7 +69,8 @@ def load_bundles(paths: list[Path], verify: bool = True, trust_code: bool = Fals
     """Load bundles; graphs that are byte-identical across them (one target compiled into several
     bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
     from ..bundle import open_bundle
-    from ..runtime.model import SpecModel, open_runner
+    from ..runtime.engines import open_runner
+    from ..runtime.model import SpecModel
 
     engines: dict[tuple, object] = {}
 

@@ -73,11 +73,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--port {args.port}: allowed 0 to 65535 (0: any free port)")
     checks.at_least(args.max_batch, "--max-batch")
     checks.at_least(args.max_queue, "--max-queue")
+    checks.input_file(args.chat_template, "--chat-template")
+    if not args.shutdown_timeout >= 0:
+        raise SpeccError(f"--shutdown-timeout {args.shutdown_timeout}: allowed a number of seconds >= 0")
+    if not args.max_body_mb > 0:
+        raise SpeccError(f"--max-body-mb {args.max_body_mb}: allowed a number of MiB > 0")
     checks.at_least(args.prefix_cache_mb, "--prefix-cache-mb", low=0)
     checks.at_least(args.prefill_chunk, "--prefill-chunk")
     serve(args.bundle, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
           max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
+          chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb,
           prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk)
     return 0
 
@@ -99,9 +105,11 @@ def cmd_trt_check(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
+    from ..onnx_passes import describe_onnx_passes
     from ..passes import describe_passes
 
-    print(describe_passes())
+    print("FX passes (step graphs, before export):\n" + describe_passes())
+    print("\nONNX passes (exported graphs, by backend):\n" + describe_onnx_passes())
     return 0
 
 
@@ -135,12 +143,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: any free port)")
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
     p.add_argument("--api-key", default=os.environ.get("SPECC_API_KEY"),
-                   help="require the header Authorization: Bearer API_KEY on /v1/* (default: $SPECC_API_KEY, "
-                        "which keeps the key out of the process list)")
+                   help="require the header Authorization: Bearer API_KEY on every route but /health and /metrics "
+                        "(default: $SPECC_API_KEY, which keeps the key out of the process list)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
-    p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429")
+    p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429, "
+                   "and a request of more sequences than this 400")
     p.add_argument("--k", type=k_value, default="auto", help="draft tokens per round, or auto")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (the baseline)")
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="Jinja chat template for /v1/chat/completions, instead of the tokenizer's (or where it has none)")
+    p.add_argument("--shutdown-timeout", type=float, default=20.0, metavar="S",
+                   help="on SIGTERM or Ctrl-C, stop taking requests and give those in flight up to S seconds to "
+                        "finish; the rest end with an error (a second signal stops at once)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, metavar="MB",
+                   help="largest request body in MiB; larger ones answer 413 before they are read")
     add_context_settings(p)
     add_verify(p)
     add_trust(p)
@@ -176,6 +192,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("onnx", type=Path, help="ONNX file (a bundle's graphs/*/model.onnx)")
     p.set_defaults(func=cmd_trt_check)
 
-    p = sub.add_parser("passes", help="list the graph passes with their contracts",
+    p = sub.add_parser("passes", help="list the graph passes (FX and ONNX) with their contracts",
                        description="List the graph passes with their contracts.")
     p.set_defaults(func=cmd_passes)

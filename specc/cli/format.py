@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import importlib
 import platform
-import re
 from pathlib import Path
 
 from ..bench.table import fmt, table
+from ..errors import escape_control
 from ..limits import context_cost, kv_bytes_per_token
 
 
@@ -33,13 +33,12 @@ def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False)
     return table(["stat", "value"], rows, "ll")
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 def terminal_safe(text: str) -> str:
     """Text with control characters (terminal escape sequences from a manifest or a file name)
-    shown as \\xNN, so what specc prints cannot rewrite the terminal."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    escaped, so what specc prints cannot rewrite the terminal; its own line breaks stay. Text that
+    echoes input line by line escapes each line with `escape_control` instead (a newline inside a
+    value must not start a line of its own)."""
+    return escape_control(text, keep="\n")
 
 
 def _pass_rows(q: dict) -> str:
@@ -66,7 +65,7 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
     ]
     for role, g in manifest.graphs.items():
         size = sum(manifest.files[f"{g.dir}/{f}"].bytes for f in g.files)
-        lines.append(f"\ngraph {role}: {g.dir}/{g.entry} ({size / 1e6:.1f} MB)" + (f", quantize {g.quantize}" if g.quantize else ""))
+        lines += ["", f"graph {role}: {g.dir}/{g.entry} ({size / 1e6:.1f} MB)" + (f", quantize {g.quantize}" if g.quantize else "")]
         m = g.model
         lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, vocab {m['vocab_size']}, {m['dtype']}")
         if role != "draft" or manifest.draft.method == "model":  # heads and early exit keep no cache of that size
@@ -79,7 +78,7 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         for note in g.passes:
             lines.append(f"  pass      {note}")
         lines += fact_lines(g.facts)
-    return "\n".join(lines)
+    return "\n".join(escape_control(line) for line in lines)  # a value's own newline stays inside its line
 
 
 def fact_lines(facts: dict) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import SpeccError
+from ..errors import SpeccError, escape_control
 from . import bundle_cmds, model_cmds, report_cmds, run_cmds
 from .parser import SpeccParser
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # a path the user gave that cannot be read or written
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{escape_control(exc.filename)}: " if exc.filename else ""
         print(f"specc: error: {terminal_safe(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -63,12 +63,17 @@ def check_run_inputs(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     check_run_inputs(args)
+    checks.input_file(args.chat_template, "--chat-template")
     items = read_prompts(args)
+    from ..runtime.model import read_chat_template
     from ..runtime.stats import RunStats
     from .format import format_run_stats
 
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     model = load_model(args)
     apply_context_settings(model, args)
+    if template is not None:
+        model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop or (), speculative=not args.no_speculation, k=args.k)
     texts: dict[int, str] = {}
@@ -174,7 +179,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for value, flag in ((args.k_max, "--k-max"), (args.repeats, "--repeats"), (args.timing_prompts, "--timing-prompts")):
         checks.at_least(value, flag)
     items = read_prompts(args)
-    from ..bench.tune import check_recipe_matches, format_tune, run_tune, set_recipe_fields
+    from ..bench.tune import check_recipe_matches, format_tune, run_tune
+    from ..recipe_edit import set_recipe_fields
 
     with human_output(args):
         model = load_model(args)
@@ -215,6 +221,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "(default: the recipe's)")
     add_context_settings(p)
     add_json(p, "completions and stats")
+    p.add_argument("--chat-template", type=Path, metavar="FILE",
+                   help="Jinja chat template for --chat prompts, instead of the tokenizer's (or where it has none)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="speculative vs target-only (and Hugging Face) on the same prompts, in one run",

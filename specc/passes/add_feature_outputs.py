@@ -22,13 +22,17 @@ from .base import GraphPass, has_output, lacks_output
 
 
 class FinalNorm(nn.Module):
-    """The target's final RMSNorm over all new tokens (its own weight, shared with the graph)."""
+    """The target's final norm over all new tokens, with its own weights (shared with the graph): RMSNorm
+    (scaling by w, or by 1 + w where `offset` is 1), or LayerNorm where the family's norm has a bias."""
 
-    def __init__(self, weight: nn.Parameter, eps: float, offset: float):
+    def __init__(self, weight: nn.Parameter, eps: float, offset: float, bias: nn.Parameter | None = None):
         super().__init__()
-        self.weight, self.eps, self.offset = weight, eps, offset
+        self.weight, self.bias, self.eps, self.offset = weight, bias, eps, offset
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None:
+            out = F.layer_norm(hidden.float(), (hidden.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+            return out.to(hidden.dtype)
         weight = self.weight.float() + self.offset if self.offset else self.weight.float()
         return F.rms_norm(hidden.float(), (hidden.shape[-1],), weight, self.eps).to(hidden.dtype)
 
@@ -50,8 +54,10 @@ class AddFeatureOutputs(GraphPass):
         out = graph.output_nodes()
         anchor = gm.graph.find_nodes(op="output")[0]
         if self.layers is None:
-            gm.add_submodule("feature_norm", FinalNorm(gm.get_parameter("norm.weight"), graph.head["norm_eps"],
-                                                       graph.head["norm_offset"]))
+            facts = graph.head
+            bias = gm.get_parameter("norm.bias") if facts.get("norm_kind") == "layer" else None
+            gm.add_submodule("feature_norm", FinalNorm(gm.get_parameter("norm.weight"), facts["norm_eps"],
+                                                       facts["norm_offset"], bias))
             hidden = graph.module_output(f"layers.{n_layers - 1}")
             with gm.graph.inserting_before(anchor):
                 node = gm.graph.call_module("feature_norm", (hidden,))

@@ -12,11 +12,11 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   it is the geometric alpha^i); alpha_b is the row's own acceptance of its first draft over
   its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
   fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
-  drafter says beforehand which rows it will find drafts for, `Drafter.finds`, h_b is 0 or 1). Each c_i
+  drafter says beforehand which rows it will find drafts for, `Priced.finds`, h_b is 0 or 1). Each c_i
   is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
-  the ones before. Where the drafter tells its drafts apart before drafting (`Drafter.finds`: prompt
-  lookup's class is the length of the n-gram it matched; on the quickstart's prompts a one-token
-  match's first draft is accepted ~20% of the time, a three-token match's ~85%), the c_i are also
+  the ones before. Where the drafter tells its drafts apart before drafting (`Priced.finds`: prompt
+  lookup's class is the length of the n-gram it matched, and a long match is accepted far more
+  often than a one-token one), the c_i are also
   kept per class (a class ages only in the rounds that draft it; its c_1 is smoothed towards all
   classes' c_1) and each row is priced with its own class's, so a round of a three-token match may
   draft 8 tokens and one of a one-token match 1 or none. k = 0 is plain decoding: 1 token per row.
@@ -32,7 +32,7 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   decoding look as dear as drafting.
 - Catch-up: a draft model enters a row's context lazily (its prompt in the first round that drafts
   for the row, the tokens of plain rounds in the next drafting round), outside T(B, k). The
-  scheduler tells the policy what each arm would enter per row (`Drafter.behind`) and how many
+  scheduler tells the policy what each arm would enter per row (`Priced.behind`) and how many
   tokens each row may still generate; at the arm's measured seconds per entered token, a row's
   catch-up is charged to this round in the share of its remaining rounds this round makes
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
@@ -41,12 +41,12 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   then the longest chain a round asks for, and a row's chain ends once the product of the probabilities
   the drafter gave its drafts (its estimate that the whole chain is accepted) is below `stop_threshold`:
   the round's seconds per drafted position times the tokens per second it promises, what one more draft
-  costs in tokens (on the int4 Qwen pair at batch 1, ~40 ms a position at ~15 tokens/s: ~0.6). A chain
+  costs in tokens. A chain
   that stopped after d drafts, all accepted, counts as a rejection at position d + 1 (the round gained
   what a rejection there would have: c_i stays the gain per position), and a round asking for k is
   priced at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
 
-Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
+Arms: a drafter may draft a round in more than one way (`Priced.arms`): prompt lookup in front of
 a draft model drafts with the model ("model", every row, whatever lookup finds), or with lookup alone,
 leaving the rows it misses without drafts and never running the model ("lookup": no draft cost, no
 draft prefill). Each arm has its own acceptance, hit rate and cost lines (plain rounds price k = 0 for
@@ -57,14 +57,12 @@ matches by the model.
 
 The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a draft
 model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row
-keeps being drafted for, which the estimate assumes and an estimate near break-even does not deliver (on
-the int4 Qwen pair at batch 4, drafting rounds estimated at 1.07x plain ran at 0.97x with their
-catch-ups); 1.0 for drafters without a prefill (prompt lookup, early exit), where a margin only gives up
-gains, and for a lone row, whose catch-up the idle probe below takes in a few plain rounds later anyway
-(with the margin the int4 Qwen pair at batch 1 opened each request with ~4 plain rounds, 41-85 of ~400
-rounds). An arm that knows it finds nothing this round (prompt lookup) neither wins nor probes: such a
-round is a plain round (before stop 23 it counted as a lookup round, and on a fresh policy at batch 1
-the int4 Qwen pair ran 335 of 595 rounds so, which held the draft model's probes off). A batch size
+keeps being drafted for, which the estimate assumes and an estimate near break-even does not deliver
+once its catch-ups are paid; 1.0 for drafters without a prefill (prompt lookup, early exit), where a
+margin only gives up gains, and for a lone row, whose catch-up the idle probe below takes in a few plain
+rounds later anyway (with the margin, each request would open with several plain rounds). An arm that
+knows it finds nothing this round (prompt lookup) neither wins nor probes: such a round is a plain round
+(counted as a drafting round, it would hold the draft model's probes off on a fresh policy). A batch size
 never seen before first runs one plain round; every `probe_every`-th round runs the best k + 1, the best
 k - 1, 0 or another arm's best k instead (in turn; 0 only where no plain round was measured in the last
 `probe_every` rounds, prompt lookup that finds nothing makes plain rounds anyway, and where the best k
@@ -78,10 +76,9 @@ is kept per batch size and arm, so rounds at a smaller batch, or of prompt looku
 do not bring the draft model's probes back. Such a probe, and a probe of another arm, drafts only for
 rows the drafter already took in (`measuring`: rows that joined while the draft model was not drafting
 are not prefilled in it just to measure), except a lone row (batch 1): skipping it, the probe would
-measure nothing, and an arm whose first round went badly would never be tried again (on the int4 Qwen
-pair at concurrency 1 the draft model drafted in 2 of ~700 rounds). The choice depends only on rounds
+measure nothing, and an arm whose first round went badly would never be tried again. The choice depends only on rounds
 that are finished (their accepted counts and timings) and on the context generated so far
-(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an ordinary
+(`Priced.finds`), never on the current round's noise or target outputs, so each round is an ordinary
 lossless speculative round: greedy output is the target's and sampled output has the target's
 distribution whatever sequence of k the policy picks.
 """
@@ -105,7 +102,7 @@ class RoundRecord:
     target_seconds: float
     seconds: float  # the whole round, host work included (admission/prefill excluded)
     skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
-    arm: str = "draft"  # which of the drafter's ways of drafting ran (Drafter.arms)
+    arm: str = "draft"  # which of the drafter's ways of drafting ran (Priced.arms)
     catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
     catch_up_tokens: int = 0
     stop_below: float = 0.0  # chains could end early where the drafter was unsure (Proposal.stop_below)
@@ -204,8 +201,8 @@ class AdaptiveK:
         """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
-        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
-        arm, whether it will find drafts for each row this round and of which class (`Drafter.finds`), where
+        take in before it drafts (`Priced.behind`), priced over the rounds the row has left; finds: per
+        arm, whether it will find drafts for each row this round and of which class (`Priced.finds`), where
         it knows."""
         self.round_no += 1
         self.measuring, self.stop_below = False, 0.0
@@ -307,7 +304,7 @@ class AdaptiveK:
 
     def conditional(self, arm: str | None = None, cls: int = 0) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused), of
-        the arm's drafts of class `cls` (`Drafter.finds`; smoothed towards all its drafts) or of all (0)."""
+        the arm's drafts of class `cls` (`Priced.finds`; smoothed towards all its drafts) or of all (0)."""
         st = self.stats[arm or self.arms[0]]
         judged, accepted, prior = st.judged, st.accepted, self.prior_alpha
         if cls in st.classes:

@@ -10,14 +10,13 @@ from typing import Callable, Iterator, Sequence as Seq
 
 import torch
 
-from ..backends import LowerOptions, Runner, get_backend
-from ..backends.row_invariance import min_pass_rows_here
-from ..bundle import Bundle, check_code_trust, open_bundle
-from ..capture.shapes import ModelDims
-from ..errors import BundleError, RequestError, SpeccError
+from ..backends import Runner
+from ..bundle import Bundle, open_bundle
+from ..errors import RequestError, SpeccError, escape_control
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, build_drafter
+from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
 from .prefix_cache import PrefixCache, default_budget_mb
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
@@ -56,10 +55,7 @@ class SpecModel:
         self.tree = TreeShape.from_recipe(dataclasses.asdict(spec.tree)) if spec.mode == "tree" else None
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
         self.eos_ids = set(m.tokenizer.eos_token_ids)
-        # kernels are chosen per CPU at run time: from how many rows on does the target's give a row the same bits
-        # in passes of any size here? Its 1-token passes are padded to that many rows; None: no size is enough
-        wq = self.bundle.graph("target").facts.get("weight_quant")
-        self.min_pass_rows = min_pass_rows_here(wq) if m.backend == "onnxruntime" else 1
+        self.min_pass_rows = min_target_pass_rows(bundle)  # the target's 1-token passes are padded to this many rows
         self.target = Target(self._load_graph("target", self.min_pass_rows or 1), self.bundle.graph("target").outputs)
         self.draft_method = m.draft.method
         self.verifier = Verifier(self.target)
@@ -72,7 +68,7 @@ class SpecModel:
                 "bundle %s: on this CPU its quantised target computes a row differently in passes of different sizes, "
                 "so greedy speculative output can differ from its target-only output where two tokens nearly tie "
                 "(sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
-                "settings that are row-invariant on which CPUs", bundle.path)
+                "settings that are row-invariant on which CPUs", escape_control(bundle.path))
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.prefill_chunk = DEFAULT_CHUNK
         self.interleave_chunk = INTERLEAVE_CHUNK  # prompt tokens per step while other rows decode (Scheduler.step)
@@ -80,11 +76,7 @@ class SpecModel:
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 
     def _load_graph(self, role: str, min_rows: int = 1) -> StepRunner:
-        entry = self.bundle.graph(role)
-        if entry is None:
-            raise BundleError(f"bundle {self.bundle.path} has no {role!r} graph")
-        return StepRunner(self._open_graph(self.bundle, role), ModelDims(**entry.model), self.device,
-                          [i.name for i in entry.inputs], list(entry.outputs), min_rows)
+        return load_graph(self.bundle, role, self._open_graph, self.device, min_rows)
 
     @property
     def prefill_chunk(self) -> int:
@@ -211,8 +203,7 @@ class SpecModel:
                     raise RequestError(f"prompt {i} is empty; give at least one character")
                 _check_text(p, f"prompt {i}")
                 if chat:
-                    ids = self.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                             tokenize=True, return_dict=False)
+                    ids = self._chat_ids([{"role": "user", "content": p}], f"prompt {i}")
                 else:
                     ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
             elif isinstance(p, Seq) and not isinstance(p, (bytes, bytearray)) and p and all(_is_int(t) for t in p):
@@ -226,6 +217,52 @@ class SpecModel:
                 raise RequestError(f"prompt {i} encodes to no tokens")
             out.append(list(ids))
         return out
+
+    def _chat_ids(self, messages: list[dict], where: str) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(NO_CHAT_TEMPLATE)
+        from jinja2 import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=False)
+        except TemplateError as exc:  # the template's raise_exception, or an undefined value it needs
+            raise RequestError(f"{where}: the chat template refused it: {exc}") from None
+
+    def set_chat_template(self, template: str, where: str = "chat template") -> None:
+        """Format chat prompts with this Jinja template (the `chat_template` of a tokenizer_config.json) instead
+        of the tokenizer's own, e.g. for a GGUF model converted without one; checked by rendering a message."""
+        if not isinstance(template, str) or not template.strip():
+            raise SpeccError(f"{where}: empty; allowed a Jinja chat template (as in a tokenizer_config.json)")
+        try:
+            self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=template,
+                                               add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja2's syntax and runtime errors, transformers' own checks
+            raise SpeccError(f"{where}: not a chat template this tokenizer can render: {type(exc).__name__}: "
+                             f"{str(exc)[:300]}") from None
+        self.tokenizer.chat_template = template
+
+
+NO_CHAT_TEMPLATE = ("this bundle's tokenizer has no chat template, so chat prompts cannot be formatted; give one with "
+                    "--chat-template FILE (a Jinja template, as in a tokenizer_config.json; in Python "
+                    "model.set_chat_template(text)), or send plain prompts")
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20
+
+
+def read_chat_template(path: str | Path) -> str:
+    """The text of a --chat-template FILE, or one SpeccError naming the file."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise SpeccError(f"--chat-template {path}: not a file; allowed a Jinja template file")
+        if size > MAX_CHAT_TEMPLATE_BYTES:
+            raise SpeccError(f"--chat-template {path}: {size} bytes; allowed at most {MAX_CHAT_TEMPLATE_BYTES}")
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise SpeccError(f"--chat-template {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpeccError(f"--chat-template {path}: not UTF-8 text; allowed a Jinja template file") from None
 
 
 class Completions(list):
@@ -261,59 +298,6 @@ def _seeds(seed, n: int) -> list[int]:
     if not all(0 <= s <= MAX_SEED for s in seeds):
         raise RequestError(f"seed must be in [0, 2**64 - 1] (row i uses seed + i), got {seed!r}")
     return [int(s) for s in seeds]
-
-
-def open_runner(bundle: Bundle, role: str) -> Runner:
-    """Open one graph of a bundle with the bundle's backend, in this process (versions and code trust checked).
-
-    The bundle's files were checked by `open_bundle`; a loader that still fails (a file corrupted
-    under --no-verify, an engine this machine cannot run) is a BundleError naming the graph."""
-    m = bundle.manifest
-    check_code_trust(bundle, get_backend(m.backend, check=False).runs_bundle_code)
-    backend = get_backend(m.backend)
-    backend.check_versions(m.versions)
-    entry = bundle.graph(role)
-    options = LowerOptions(m.recipe.precision, m.recipe.device, entry.quantize)
-    where = f"the {role} graph of bundle {bundle.path} ({m.backend}, {entry.dir}/{entry.entry})"
-    try:
-        return CheckedRunner(backend.load(bundle.path / entry.dir, entry.to_dict(), options), where)
-    except SpeccError:
-        raise
-    except Exception as exc:  # loaders raise their own types for unreadable engine files
-        raise BundleError(f"{where} could not be loaded: {type(exc).__name__}: {str(exc)[:300]}. If it was opened "
-                          "with --no-verify, a file may be corrupt: open it with verification") from None
-
-
-class CheckedRunner:
-    """A backend's runner whose failures are BundleErrors: an engine that rejects the inputs its
-    manifest declares (a manifest that does not describe its engine) is a bad bundle, not a crash."""
-
-    def __init__(self, runner: Runner, where: str):
-        self.runner, self.where = runner, where
-        self.output_names = runner.output_names
-
-    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        try:
-            outputs = self.runner(*inputs)
-        except SpeccError:
-            raise
-        except Exception as exc:  # the engine's own error types (onnxruntime, torch, TensorRT)
-            raise BundleError(f"{self.where} failed on the inputs its manifest declares: {type(exc).__name__}: "
-                              f"{str(exc)[:300]}") from None
-        if len(outputs) != len(self.output_names):
-            raise BundleError(f"{self.where} returned {len(outputs)} outputs; its manifest declares {self.output_names}")
-        return outputs
-
-
-def load_tokenizer(bundle: Bundle):
-    """The bundle's tokenizer (its files were checked with the rest of the bundle)."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(bundle.path / bundle.manifest.tokenizer.dir)
-    except Exception as exc:  # transformers raises many types for unreadable tokenizer files
-        raise BundleError(f"the tokenizer of bundle {bundle.path} could not be loaded: {type(exc).__name__}: "
-                          f"{str(exc)[:300]}") from None
 
 
 def load(path: str | Path, verify: bool = True, expect_id: str | None = None, trust_code: bool = False) -> SpecModel:

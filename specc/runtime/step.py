@@ -31,7 +31,7 @@ class StepRunner:
 
     `min_rows`: a pass of fewer rows (batch x tokens) runs with copies of each row's last token
     beside it, which nothing attends to and whose outputs are dropped, where the kernels give a
-    row other bits in smaller passes than in larger ones (backends/row_invariance.py). The LM head
+    row other bits in smaller passes than in larger ones (hardware.py `min_pass_rows_here`). The LM head
     runs on the logit_index rows only, so those are padded the same way (a verification head's
     graph reads at least 2: the next token's row and a draft's).
     """

@@ -27,8 +27,23 @@ class TextStream:
             text, final = text[: min(hits)], True
         if not final:
             text = text.rstrip("\ufffd")
-            hold = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+            hold = max((_overlap(text, s) for s in self.stop), default=0)
             text = text[: len(text) - hold]
         delta = text[len(self.released):] if len(text) > len(self.released) else ""
         self.released += delta
         return delta, bool(hits)
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest proper prefix of `stop` that `text` ends with (0: none).
+
+    Only the last len(stop) - 1 characters of text can take part, and each candidate start is a place
+    where stop's first character occurs, so the work is bounded by the stop string's length, not by
+    the square of it (a long stop string is checked after every round of every row)."""
+    tail = text[len(text) - min(len(stop) - 1, len(text)):]
+    start = tail.find(stop[0]) if tail else -1
+    while start >= 0:
+        if stop.startswith(tail[start:]):
+            return len(tail) - start
+        start = tail.find(stop[0], start + 1)
+    return 0

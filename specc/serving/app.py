@@ -1,11 +1,19 @@
 """The FastAPI application of `specc serve`: OpenAI's completions and chat completions, models,
-health and Prometheus metrics, over one AsyncEngine."""
+health and Prometheus metrics, over one AsyncEngine.
+
+What one request may cost the others is bounded: bodies above --max-body-mb are refused from
+their Content-Length (413) or as soon as they grow past it; JSON above HEAVY_BYTES is parsed,
+and every prompt tokenised, in thread pools (large inputs in a pool of their own, so a huge
+prompt never makes a normal one wait for a worker); prompt text longer than the context could
+hold is refused before it is tokenised; stop strings are capped in count and length (schemas.py).
+"""
 from __future__ import annotations
 
 import asyncio
 import json
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -13,16 +21,21 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from ..errors import RequestError, SpeccError
+from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
-from .engine import AsyncEngine, Failed, Job
+from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, new_id,
                       parse_request, usage)
 
 DISCONNECT_POLL_S = 0.5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+HEAVY_BYTES = 64 << 10  # bodies above this are parsed and tokenised by the pool for large inputs
+OPEN_PATHS = ("/health", "/metrics")  # answered without the API key and while draining (load balancers poll them)
+STOP_FLUSH_S = 5.0  # after the grace period, how long ended requests get to send their last chunk
 
 
 def check_server_settings(name: str, api_key: str | None) -> None:
@@ -35,25 +48,77 @@ def check_server_settings(name: str, api_key: str | None) -> None:
                          "characters without spaces, or no key at all to serve without authorization")
 
 
+class ServingState:
+    """What a graceful shutdown needs to know: requests being answered and the jobs behind them."""
+
+    def __init__(self) -> None:
+        self.draining = False  # SIGTERM seen: new requests get 503
+        self.stopped = False  # the grace period is over: requests still running were ended
+        self.requests = 0  # requests being answered (not counting /health and /metrics)
+        self.jobs: dict[int, Job] = {}  # id -> job submitted and not yet answered in full
+
+
+class Guard:
+    """ASGI middleware in front of every route: while draining, 503 for anything but /health and /metrics;
+    with an API key, 401 without it on every other route (the OpenAPI schema and unknown paths included,
+    so the key also hides which routes exist); counts the requests in flight for the drain."""
+
+    def __init__(self, app, *, api_key: str | None, state: ServingState, fail):
+        self.app, self.api_key, self.state, self.fail = app, api_key, state, fail
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if self.state.draining:
+            error = APIError(503, "the server is shutting down and takes no new requests; retry on another instance",
+                             type="server_error", code="shutting_down", headers={"Retry-After": "5", "Connection": "close"})
+            return await self.fail(error.status, error.body(), error.headers)(scope, receive, send)
+        if self.api_key is not None and not self._authorized(scope):
+            error = APIError(401, "invalid or missing API key (send the header Authorization: Bearer KEY)",
+                             type="authentication_error", code="invalid_api_key")
+            return await self.fail(error.status, error.body(), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        self.state.requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.requests -= 1
+
+    def _authorized(self, scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return secrets.compare_digest(given, f"Bearer {self.api_key}".encode())
+
+
 def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "auto", speculative: bool = True,
-               max_batch: int | None = None, max_queue: int = 256, api_key: str | None = None, log=print) -> FastAPI:
-    """An app serving `model`; the engine thread starts with the app (its lifespan) and stops with it."""
+               max_batch: int | None = None, max_queue: int = 256, api_key: str | None = None, log=print,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """An app serving `model`; the engine thread starts with the app (its lifespan) and stops with it.
+    `app.state.drain(timeout)` is the graceful shutdown (serving.serve calls it on SIGTERM)."""
     check_server_settings(name, api_key)
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
+        raise SpeccError(f"--max-body-mb: allowed at least 1 KiB of request body, got {max_body_bytes!r} bytes")
     engine = AsyncEngine(model, k=k, speculative=speculative, max_batch=max_batch, max_queue=max_queue, log=log)
     metrics = engine.metrics
+    state = ServingState()
+    light = ThreadPoolExecutor(2, thread_name_prefix="specc-prepare")
+    heavy = ThreadPoolExecutor(1, thread_name_prefix="specc-prepare-large")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         yield
         engine.close()
+        for pool in (light, heavy):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="specc serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
+    app.state.serving = state
 
     def fail(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
         metrics.errors.labels(status=str(status)).inc()
         return JSONResponse(body, status_code=status, headers=headers)
+
+    app.add_middleware(Guard, api_key=api_key, state=state, fail=fail)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -64,23 +129,22 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return fail(exc.status_code, APIError(exc.status_code, str(exc.detail), type=kind).body())
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        return Response(status_code=499)  # the client left mid-upload: nobody reads this (nginx's code)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        log(f"specc serve: internal error on {request.url.path}: {type(exc).__name__}: {exc}")
+        log(f"specc serve: internal error on {escape_control(request.url.path)}: {type(exc).__name__}: "
+            f"{escape_control(exc)}")
         return fail(500, APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").body())
-
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "invalid or missing API key (send the header Authorization: Bearer KEY)",
-                           type="authentication_error", code="invalid_api_key")
 
     @app.get("/health")
     async def health():
         if not engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -88,22 +152,44 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
+    async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
                                             "owned_by": "specc", "max_model_len": model.max_context}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        authorize(request)
-        return await generate(request, parse_request(CompletionRequest, await request.body()), chat=False)
+        return await generate(request, *await parse(request, CompletionRequest), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        authorize(request)
-        return await generate(request, parse_request(ChatCompletionRequest, await request.body()), chat=True)
+        return await generate(request, *await parse(request, ChatCompletionRequest), chat=True)
 
-    async def generate(request: Request, req, chat: bool):
+    async def read_body(request: Request) -> bytes:
+        """The JSON body, refused (415) unless sent as JSON, and (413) once it is larger than the cap, from
+        its declared length before any of it is read."""
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";", 1)[0].strip().lower() != "application/json":
+            raise APIError(415, "send the request body as JSON with the header Content-Type: application/json "
+                                f"(got {escape_control(ctype[:80]) or 'none'})", code="unsupported_media_type")
+        declared = request.headers.get("content-length", "")
+        too_large = APIError(413, f"the request body is larger than this server's limit of {max_body_bytes} bytes "
+                                  "(--max-body-mb)", code="request_too_large", headers={"Connection": "close"})
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():  # ClientDisconnect if the client leaves mid-upload
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise too_large
+        return bytes(body)
+
+    async def parse(request: Request, cls) -> tuple:
+        raw = await read_body(request)
+        if len(raw) <= HEAVY_BYTES:
+            return parse_request(cls, raw), False
+        return await asyncio.get_running_loop().run_in_executor(heavy, parse_request, cls, raw), True
+
+    async def generate(request: Request, req, large: bool, chat: bool):
         start = time.perf_counter()
         if req.model is not None and req.model != name:
             raise APIError(404, f"model {req.model!r} is not served here; this server serves {name!r}", "model",
@@ -113,35 +199,50 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         except RequestError as exc:
             raise APIError(400, str(exc), str(exc).split(" ")[0]) from None
         prompts = [req.conversation()] if chat else req.prompts()
+        engine.check_room(len(prompts) * req.n)  # before any tokenising: a request that cannot be queued costs nothing
+        if not chat:
+            for p, prompt in enumerate(prompts):
+                engine.check_length(prompt, chat, p)
         default_max = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
         seed = req.seed if req.seed is not None else secrets.randbits(62)
-        job = engine.submit(Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n))
+        job = Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n)
+        try:
+            await asyncio.get_running_loop().run_in_executor(heavy if large else light, engine.prepare, job)
+        except (APIError, SpeccError):
+            raise
+        except Exception as exc:  # a chat template that fails on these messages in a way it does not report
+            log(f"specc serve: could not prepare a request: {type(exc).__name__}: {escape_control(exc)}")
+            raise APIError(400, f"could not prepare the request: {type(exc).__name__}: {exc}") from None
+        if state.stopped:
+            raise _shutdown_error()
+        engine.submit(job)
+        state.jobs[id(job)] = job
+        streaming, reply = False, None
         try:
             admitted = await next_item(job, request)
-        except BaseException:
-            engine.cancel(job)
-            raise
-        if admitted is None:
-            return Response(status_code=499)  # the client went away (nginx's code; nobody reads it)
-        if isinstance(admitted, APIError):
-            raise admitted
-        prompt_tokens = sum(admitted.prompt_tokens[::req.n])
-        reply = Reply(job, name, chat, start, prompt_tokens, metrics)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventSourceResponse(stream(reply, include_usage), sep="\n", ping=15)
-        try:
+            if admitted is None:
+                return Response(status_code=499)  # the client went away (nginx's code; nobody reads it)
+            if isinstance(admitted, (APIError, Failed)):
+                raise admitted if isinstance(admitted, APIError) else _api_error_of(admitted)
+            prompt_tokens = sum(admitted.prompt_tokens[::req.n])
+            reply = Reply(job, name, chat, start, prompt_tokens, metrics)
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                streaming = True
+                return EventSourceResponse(stream(reply, include_usage), sep="\n", ping=15)
             while not reply.done:
                 item = await next_item(job, request)
                 if item is None:
                     return Response(status_code=499)
                 if isinstance(item, Failed):
-                    raise APIError(500, item.message, type="server_error")
+                    raise _api_error_of(item)
                 reply.add(item)
+            return reply.whole()
         finally:
-            if not reply.done:
-                engine.cancel(job)
-        return reply.whole()
+            if not streaming:  # a stream's generator does this when it ends
+                state.jobs.pop(id(job), None)
+                if reply is None or not reply.done:
+                    engine.cancel(job)
 
     async def next_item(job: Job, request: Request):
         """The job's next message; None (and the job cancelled) if the client went away while waiting."""
@@ -160,8 +261,11 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     yield json.dumps(reply.chunk([choice(i, "", None, True, True, first=True)]))
             while not reply.done:
                 item = await reply.job.events.get()
-                if isinstance(item, Failed):
-                    yield json.dumps(APIError(500, item.message, type="server_error").body())
+                if isinstance(item, Failed):  # the engine failed, or the server is shutting down
+                    error = _api_error_of(item)
+                    metrics.errors.labels(status=str(error.status)).inc()
+                    yield json.dumps(error.body())
+                    yield "[DONE]"
                     return
                 position, ev = reply.add(item)
                 if ev.text or ev.finished:
@@ -170,10 +274,43 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                 yield json.dumps(reply.chunk([], reply.usage()))
             yield "[DONE]"
         finally:
+            state.jobs.pop(id(reply.job), None)
             if not reply.done:
                 engine.cancel(reply.job)
 
+    async def drain(timeout: float) -> None:
+        """Graceful shutdown: refuse new requests, let those in flight finish for up to `timeout` seconds,
+        then end the rest with an error (a stream's last event is the error, then [DONE])."""
+        state.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while state.requests and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if not state.requests:
+            return
+        log(f"specc serve: {state.requests} request(s) still running after --shutdown-timeout {timeout:g} s; "
+            "ending them with an error")
+        state.stopped = True
+        for job in list(state.jobs.values()):
+            engine.cancel(job)
+            job.events.put_nowait(ShuttingDown(f"the server is shutting down; this request was stopped after the "
+                                               f"{timeout:g} s grace period (--shutdown-timeout)"))
+        deadline = loop.time() + STOP_FLUSH_S
+        while state.requests and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
+    app.state.drain = drain
     return app
+
+
+def _shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:
+    return APIError(503, message, type="server_error", code="shutting_down", headers={"Retry-After": "5"})
+
+
+def _api_error_of(failed: Failed) -> APIError:
+    if isinstance(failed, ShuttingDown):
+        return _shutdown_error(failed.message)
+    return APIError(500, failed.message, type="server_error")
 
 
 class Reply:

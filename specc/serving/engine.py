@@ -1,12 +1,13 @@
 """The engine loop of `specc serve`: one Scheduler, stepped by one worker thread, fanned out to asyncio.
 
-Request handlers (the event loop) call `submit`, which queues a Job and returns at once; the
-worker thread encodes its prompts, hands the sequences to the Scheduler between rounds, runs
-rounds while there is work, and posts every StreamEvent to the job's asyncio.Queue with
-`call_soon_threadsafe`. A job's first message is `Admitted` (or an APIError: a bad prompt),
-then its events. `cancel` (a client that went away) frees the rows at the next round.
-Nothing a request does can stop the thread: a failing round answers every request in flight
-with an error and the engine goes on with a fresh Scheduler.
+Request handlers (the event loop) tokenise a request's prompts in a thread pool (`prepare`: never
+on the event loop, never on the engine thread, so a huge prompt delays nobody else), then call
+`submit`, which queues a Job and returns at once; the worker thread hands the sequences to the
+Scheduler between rounds, runs rounds while there is work, and posts every StreamEvent to the
+job's asyncio.Queue with `call_soon_threadsafe`. A job's first message is `Admitted` (or an
+APIError: a prompt too long for the context), then its events. `cancel` (a client that went
+away) frees the rows at the next round. Nothing a request does can stop the thread: a failing
+round answers every request in flight with an error and the engine goes on with a fresh Scheduler.
 """
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ import itertools
 import threading
 import traceback
 from dataclasses import dataclass, field
+
+try:
+    from jinja2 import TemplateError
+except ImportError:  # transformers renders chat templates with jinja2; without it there is nothing to catch
+    TemplateError = ()
 
 from ..errors import RequestError
 from ..runtime.model import SpecModel
@@ -40,6 +46,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     indices: list[int] = field(default_factory=list)  # Scheduler index of each choice
     cancelled: bool = False
+    prepared: bool = False  # prompts are token ids already (`AsyncEngine.prepare`)
 
 
 @dataclass
@@ -52,6 +59,11 @@ class Failed:
     message: str
 
 
+@dataclass
+class ShuttingDown(Failed):
+    """The server stopped the job: it is shutting down and the grace period is over."""
+
+
 class AsyncEngine(EngineThread):
     def __init__(self, model: SpecModel, *, k: int | str | None = "auto", speculative: bool = True,
                  max_batch: int | None = None, max_queue: int = 256, metrics: Metrics | None = None, log=print):
@@ -62,6 +74,9 @@ class AsyncEngine(EngineThread):
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()
         self._next_index = itertools.count()
+        # prompt text longer than this cannot fit the context whatever it says: no token covers more than
+        # max_token_bytes of text, and a character is at least one byte; such text is refused untokenised
+        self.max_prompt_chars = model.max_context * max_token_bytes(model.tokenizer)
 
     # -- the event loop's side -----------------------------------------------------------------
     @property
@@ -69,14 +84,24 @@ class AsyncEngine(EngineThread):
         """Sequences waiting for a batch row (submitted, not yet prefilled)."""
         return self._queued
 
+    def check_room(self, need: int) -> None:
+        """APIError 400 for a request of `need` sequences that no queue state could take (the queue is
+        smaller), 429 when it could later but the queue is full now."""
+        if need > self.max_queue:
+            raise APIError(400, f"this request asks for {need} sequences (prompts x n); this server queues at "
+                                f"most {self.max_queue} (--max-queue): send fewer prompts or a smaller n per "
+                                "request", "n" if need == 1 else None, code="request_too_large")
+        if self._queued + need > self.max_queue:
+            raise APIError(429, f"the server's queue is full ({self._queued} of {self.max_queue} sequences "
+                                "waiting); retry later", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+
     def submit(self, job: Job) -> Job:
-        """Queue a job (event loop thread); APIError 429 when the queue is full."""
+        """Queue a job (event loop thread); APIError 400 when it is larger than the queue, 429 when the
+        queue is full."""
         need = len(job.prompts) * job.n
         with self._lock:
-            if self._queued + need > self.max_queue:
-                raise APIError(429, f"the server's queue is full ({self._queued} of {self.max_queue} sequences "
-                                    "waiting); retry later", type="rate_limit_error", code="queue_full",
-                               headers={"Retry-After": "1"})
+            self.check_room(need)
             self._queued += need
             job.loop = asyncio.get_running_loop()
             job.indices = [next(self._next_index) for _ in range(need)]
@@ -132,7 +157,7 @@ class AsyncEngine(EngineThread):
         m, lookahead = self.model, self.scheduler.lookahead
         seqs = []
         for p, prompt in enumerate(job.prompts):
-            ids = self._encode(prompt, job.chat, p)
+            ids = prompt if _is_ids(prompt) and job.prepared else self.encode_prompt(prompt, job.chat, p)
             room = m.max_context - len(ids) - lookahead - 1
             if room < 1:
                 raise APIError(400, f"the prompt is {len(ids)} tokens; this model's context is {m.max_context} "
@@ -149,14 +174,43 @@ class AsyncEngine(EngineThread):
                                            k=lookahead))
         return seqs
 
-    def _encode(self, prompt, chat: bool, p: int) -> list[int]:
-        where = "messages" if chat else ("prompt" if p == 0 else f"prompt.{p}")
+    # -- prompts (a thread pool's side: `prepare`) ---------------------------------------------
+    def prepare(self, job: Job) -> Job:
+        """Tokenise the job's prompts (a worker thread of the app's pool): APIError 400 for one that is not
+        valid or cannot fit the context."""
+        job.prompts = [self.encode_prompt(prompt, job.chat, p) for p, prompt in enumerate(job.prompts)]
+        job.prepared = True
+        return job
+
+    def check_length(self, prompt, chat: bool, p: int) -> None:
+        """Refuse, without tokenising, a prompt too long for the context whatever its tokens (cheap: the
+        event loop calls it)."""
+        where = _where(chat, p)
+        if isinstance(prompt, str):
+            if len(prompt) > self.max_prompt_chars:
+                raise APIError(400, f"{where}: the prompt is {len(prompt)} characters; this model's context of "
+                                    f"{self.model.max_context} tokens cannot hold more than {self.max_prompt_chars} "
+                                    "characters of text", where, code="context_length_exceeded")
+        elif isinstance(prompt, list) and len(prompt) > self.model.max_context:
+            raise APIError(400, f"{where}: the prompt is {len(prompt)} tokens; this model's context is "
+                                f"{self.model.max_context} tokens", where, code="context_length_exceeded")
+
+    def encode_prompt(self, prompt, chat: bool, p: int = 0) -> list[int]:
+        """Token ids of one prompt (text, token ids, or chat messages rendered with the chat template)."""
+        where = _where(chat, p)
         if chat:
             tok = self.model.tokenizer
             if not getattr(tok, "chat_template", None):
-                raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions", "messages")
-            ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-            return list(ids)
+                raise APIError(400, "this model's tokenizer has no chat template, so messages cannot be formatted; "
+                                    "use /v1/completions, or serve it with specc serve --chat-template FILE",
+                               "messages", code="no_chat_template")
+            try:
+                text = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            except TemplateError as exc:  # the template refuses these messages (raise_exception, an undefined value)
+                raise APIError(400, f"messages: the chat template refused them: {exc}", "messages") from None
+            self.check_length(text, True, p)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        self.check_length(prompt, False, p)
         try:
             return self.model.encode([prompt])[0]
         except RequestError as exc:
@@ -197,3 +251,26 @@ class AsyncEngine(EngineThread):
         with self._lock:
             self._queued = self.inbox.qsize()
 
+
+
+def _where(chat: bool, p: int) -> str:
+    return "messages" if chat else ("prompt" if p == 0 else f"prompt.{p}")
+
+
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+
+
+def max_token_bytes(tokenizer) -> int:
+    """An upper bound on the bytes of text one token stands for: the longest entry of the vocabulary
+    (added tokens included) in UTF-8, which over-counts byte-level and SentencePiece markers (safe: it
+    only loosens the bound); 4x that where the tokenizer normalises text first (NFC can compose up to
+    three characters' bytes into one)."""
+    try:
+        vocab = tokenizer.get_vocab()
+        longest = max((len(t.encode("utf-8", "replace")) for t in vocab), default=1)
+    except Exception:  # a tokenizer without a readable vocabulary: no bound from it
+        return 1 << 40
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    normalizer = getattr(backend, "normalizer", None)
+    return max(longest, 1) * (4 if normalizer is not None else 1)

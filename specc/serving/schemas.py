@@ -1,15 +1,17 @@
 """OpenAI request bodies (validated, every error naming its field) and the response objects.
 
 Requests are parsed from the raw JSON in pydantic's strict mode, so a string where a number
-belongs is an error, not a guess. Fields of the OpenAI API that specc does not implement are
-refused when set to anything but their neutral value (logprobs, penalties, logit_bias, echo,
-best_of, suffix, tools); other unknown fields are ignored, as OpenAI-compatible servers do.
+belongs is an error, not a guess. Fields that change what is generated and that specc does not
+implement (OpenAI's logprobs, penalties, logit_bias, echo, best_of, suffix, tools and functions;
+other servers' extensions such as chat_template, min_p or guided_json: `REFUSED`) are refused
+when set to anything but their neutral value, so no answer pretends to honour them; other unknown
+fields (user, metadata, store, ...) are ignored, as OpenAI-compatible servers do.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -27,13 +29,47 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024  # per stop string: matching is rechecked after every round, for every row
+_OFF = (None, False, 0, "", [], {})  # JSON's ways of leaving a field unset or off
+# fields refused unless set to one of their neutral values (both endpoints; `logprobs` and `echo` per endpoint)
+REFUSED: dict[str, tuple] = {
+    "presence_penalty": _OFF, "frequency_penalty": _OFF, "logit_bias": _OFF, "top_logprobs": _OFF,
+    "tools": _OFF, "functions": _OFF, "tool_choice": (*_OFF, "none", "auto"), "function_call": (*_OFF, "none"),
+    "response_format": (*_OFF, {"type": "text"}), "prediction": _OFF, "audio": _OFF,
+    "modalities": (*_OFF, ["text"]), "web_search_options": _OFF,
+    # other servers' extensions (vLLM, llama.cpp, TGI) that a client written for them may send
+    "chat_template": _OFF, "chat_template_kwargs": _OFF, "add_generation_prompt": (None, True),
+    "continue_final_message": _OFF, "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
+    "guided_grammar": _OFF, "structured_outputs": _OFF, "grammar": _OFF, "json_schema": _OFF,
+    "min_p": _OFF, "typical_p": (None, 1, 1.0), "repetition_penalty": (None, 1, 1.0),
+    "repeat_penalty": (None, 1, 1.0), "min_tokens": _OFF, "ignore_eos": _OFF, "stop_token_ids": _OFF,
+    "bad_words": _OFF, "prompt_logprobs": _OFF, "n_probs": _OFF, "include_stop_str_in_output": _OFF,
+    "skip_special_tokens": (None, True), "mirostat": _OFF, "tfs_z": (None, 1, 1.0), "dry_multiplier": _OFF,
+    "xtc_probability": _OFF, "best_of": (None, 1), "suffix": _OFF,
+}
+
+HINTS = {"chat_template": " (the server applies the model's template, or the one given with specc serve --chat-template)",
+         "logprobs": " (or null)", "n": ""}
+
+
+def _neutral(value, allowed: tuple) -> bool:
+    """value is one of `allowed`; booleans only equal booleans (in Python 1 == True, and 1 is not off)."""
+    def same(a) -> bool:
+        if isinstance(a, bool) or isinstance(value, bool):
+            return type(a) is type(value) and a == value
+        numbers = isinstance(a, (int, float)) and isinstance(value, (int, float))
+        return (type(a) is type(value) or numbers) and a == value
+    return any(same(a) for a in allowed)
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)  # extra fields are checked against REFUSED
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -45,12 +81,7 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # OpenAI fields specc does not implement: accepted only at their neutral values
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
+    logprobs: Any = None  # not implemented: refused when set (`unsupported`)
     user: str | None = None
 
     @field_validator("stop")
@@ -59,27 +90,38 @@ class _Sampling(BaseModel):
         stops = [v] if isinstance(v, str) else (v or [])
         if not all(stops):
             raise ValueError("stop strings must be non-empty")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"{len(stops)} stop strings; allowed at most {MAX_STOP_STRINGS}")
+        long = next((i for i, s in enumerate(stops) if len(s) > MAX_STOP_CHARS), None)
+        if long is not None:
+            raise ValueError(f"stop string {long} is {len(stops[long])} characters; allowed at most {MAX_STOP_CHARS}")
         return stops
+
+    NEUTRAL_LOGPROBS: ClassVar[tuple] = (None, False)
 
     def unsupported(self) -> list[str]:
         """Fields set to something specc cannot do."""
-        bad = [name for name in ("presence_penalty", "frequency_penalty") if getattr(self, name) != 0]
-        bad += [name for name in ("logprobs", "top_logprobs", "logit_bias") if getattr(self, name) not in (None, False, {}, 0)]
+        extra = self.model_extra or {}
+        bad = [] if _neutral(self.logprobs, self.NEUTRAL_LOGPROBS) else ["logprobs"]
+        bad += [name for name, value in extra.items() if name in REFUSED and not _neutral(value, REFUSED[name])]
         return bad
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    NEUTRAL_LOGPROBS: ClassVar[tuple] = (None,)  # completions' logprobs is a count: 0 asks for the sampled token's logprob
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list holds no prompt; give a string, a list of strings, a list of token "
+                             "ids or a list of those")
+        return v
 
     def unsupported(self) -> list[str]:
-        bad = super().unsupported()
-        bad += ["echo"] if self.echo else []
-        bad += ["best_of"] if self.best_of not in (None, 1) else []
-        bad += ["suffix"] if self.suffix else []
-        return bad
+        return super().unsupported() + (["echo"] if self.echo else [])
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -98,6 +140,8 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
+    tool_calls: Any = None  # refused when set: without tools, the chat template would drop them silently
+    function_call: Any = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -108,15 +152,13 @@ class Message(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: Any = None
-    response_format: Any = None
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        bad += ["tools"] if self.tools else []
-        fmt = self.response_format
-        bad += ["response_format"] if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text") else []
-        return bad
+        bad += [f"messages.{i}.{name}" for i, m in enumerate(self.messages) for name in ("tool_calls", "function_call")
+                if not _neutral(getattr(m, name), _OFF)]
+        echo = (self.model_extra or {}).get("echo")
+        return bad + ([] if _neutral(echo, _OFF) else ["echo"])
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -134,7 +176,8 @@ def parse_request(cls: type[_Sampling], raw: bytes) -> _Sampling:
         raise APIError(400, f"{param or 'body'}: {err['msg']}" + _got(err), param) from None
     bad = req.unsupported()
     if bad:
-        raise APIError(400, f"{bad[0]}: not supported by specc serve; leave it unset", bad[0])
+        hint = HINTS.get(bad[0].rsplit(".", 1)[-1], "")
+        raise APIError(400, f"{bad[0]}: not supported by specc serve; leave it unset{hint}", bad[0])
     if getattr(req, "max_completion_tokens", None) is not None and req.max_tokens is None:
         req.max_tokens = req.max_completion_tokens
     return req
@@ -155,9 +198,12 @@ def _param(loc: tuple) -> str:
 
 def _got(err: dict) -> str:
     value = err.get("input")
-    if err["type"] == "missing" or isinstance(value, (dict, list)) and len(str(value)) > 80:
+    if err["type"] == "missing":
         return ""
-    return f" (got {value!r})"
+    text = repr(value)
+    if isinstance(value, (dict, list)) and len(text) > 80:
+        return ""
+    return f" (got {text[:80]}...)" if len(text) > 80 else f" (got {text})"
 
 
 # -- responses -------------------------------------------------------------------------------------

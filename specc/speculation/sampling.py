@@ -23,6 +23,7 @@ from ..errors import RequestError
 
 MAX_TEMPERATURE = 100.0  # the recipe's sampling.temperature range
 MAX_TOP_K = 2**31 - 1
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
 
 def _is_number(value) -> bool:
@@ -64,7 +65,9 @@ class RowParams:
         return cls(
             torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            # float32 turns a top_p below ~7e-46 into 0; the smallest normal float keeps the same nucleus (the
+            # most likely token), also in verification heads compiled before probs_from_logits kept it itself
+            torch.tensor([max(p.top_p, FLOAT32_TINY) for p in params], dtype=torch.float32, device=device),
         )
 
     @property
@@ -92,7 +95,9 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     sorted_p = torch.softmax(sorted_logits, dim=-1)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-    sorted_p = sorted_p.masked_fill(before >= top_p.view(shape), 0.0)
+    # the most likely token (before == 0 exactly) is always kept: a top_p that underflows float32 to 0
+    # would otherwise drop every token and leave 0/0
+    sorted_p = sorted_p.masked_fill((before >= top_p.view(shape)) & (before > 0), 0.0)
     sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
     return torch.zeros_like(sorted_p).scatter(-1, order, sorted_p)
 

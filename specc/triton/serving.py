@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
-from ..runtime.model import SpecModel, load, open_runner
+from ..runtime.engines import open_runner
+from ..runtime.model import SpecModel, load
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR
 

@@ -1,28 +1,6 @@
-"""Bundles: one self-describing directory holding the compiled graphs, tokenizer and manifest.
-
-Layout::
-
-    manifest.json      format, versions, recipe, per-graph I/O signature and ranges, sha256 of every file
-    target/            the target's engine files
-    draft/             the draft's engine files (absent for draft-free methods)
-    tokenizer/         the tokenizer files
-
-The manifest is read into a typed `Manifest` and validated in one place (`Manifest.from_dict`):
-any missing field, wrong type or out-of-range value is one BundleError naming the field.
-
-Trust model (docs/security.md):
-- every file in the bundle is listed in `files` with its size and sha256; paths are relative,
-  inside the bundle, without `..`, symlinks or special files; a file present but not listed is
-  an error; each graph's `files` are exactly the listed files under its `dir`;
-- every listed file is checked before any loader opens one (size always, sha256 unless
-  verify=False);
-- the bundle id is `sha256:` + sha256 of the canonical manifest (`canonical_json`: the whole
-  parsed manifest, keys sorted, no whitespace, ASCII); it covers the file table, so pinning
-  the id (`expect_id`) pins every byte the loaders read. Without a pinned id a rewritten
-  manifest with consistent hashes is still a valid bundle: hashes detect corruption, the id
-  detects substitution;
-- backends that execute code from the bundle (AOTInductor shared objects, Torch-TensorRT
-  programs) are refused unless the caller passes trust_code=True.
+"""The bundle manifest: its typed form (`Manifest`), validated in one place (`Manifest.from_dict`: any
+missing field, wrong type or out-of-range value is one BundleError naming the field), read from disk
+(`read_manifest`), and the bundle id: `sha256:` + sha256 of the canonical manifest (`canonical_json`).
 """
 from __future__ import annotations
 
@@ -31,18 +9,15 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .digest import sha256_of
-from .errors import BundleError, RecipeError, SpeccError
-from .methods import METHODS
-from .recipe import Recipe, parse_recipe
-from .version import __version__
+from ..errors import BundleError, RecipeError
+from ..methods import METHODS
+from ..recipe import Recipe, parse_recipe
+from ..version import __version__
 
 FORMAT = "specc-bundle"
 FORMAT_VERSION = 2
@@ -379,79 +354,6 @@ class Manifest:
                    compile_seconds, data, ident)
 
 
-def build_manifest(fields: dict, root: Path) -> dict:
-    """The manifest's JSON form: format header, `fields`, and the file table of everything under root."""
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "specc_version": __version__, **fields,
-            "files": hash_tree(root)}
-
-
-def hash_tree(root: Path) -> dict[str, dict]:
-    """{relative path: {sha256, bytes}} for every file under root except the manifest."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and path.name != MANIFEST:
-            out[path.relative_to(root).as_posix()] = {"sha256": sha256_of(path), "bytes": path.stat().st_size}
-    return out
-
-
-class BundleWriter:
-    """Builds a bundle in a hidden sibling directory and moves it into place only when complete,
-    so a failed compile never leaves a half bundle or destroys the previous one."""
-
-    def __init__(self, output: Path):
-        self.output = Path(output).resolve()
-        if self.output.exists() and not self.output.is_dir():
-            raise SpeccError(f"output {self.output} exists and is not a directory")
-        if self.output.exists() and not (self.output / MANIFEST).is_file() and any(self.output.iterdir()):
-            raise SpeccError(f"output {self.output} is a non-empty directory that is not a specc bundle; "
-                             "choose another output (compile replaces only bundles)")
-        try:
-            self.output.parent.mkdir(parents=True, exist_ok=True)
-            self.root = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.partial-", dir=self.output.parent))
-        except OSError as exc:
-            raise SpeccError(f"cannot write the bundle to {self.output}: {exc.strerror or exc}") from None
-
-    def graph_dir(self, role: str) -> Path:
-        path = self.root / role
-        path.mkdir(exist_ok=True)
-        return path
-
-    def finish(self, fields: dict) -> tuple[Path, Manifest]:
-        """Write the manifest (checked by the reader) and move the bundle into place."""
-        raw = build_manifest(fields, self.root)
-        manifest = Manifest.from_dict(raw)
-        (self.root / MANIFEST).write_text(json.dumps(raw, indent=2, allow_nan=False) + "\n")
-        if self.output.exists():
-            old = self.output.with_name(f".{self.output.name}.old-{os.getpid()}")
-            self.output.rename(old)
-            self.root.rename(self.output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            self.root.rename(self.output)
-        return self.output, manifest
-
-    def abort(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-@dataclass
-class Bundle:
-    path: Path
-    manifest: Manifest
-    trust_code: bool = False  # the caller accepts backends that execute code from the bundle
-
-    @property
-    def id(self) -> str:
-        return self.manifest.id
-
-    def graph(self, role: str) -> GraphEntry | None:
-        return self.manifest.graph(role)
-
-    @property
-    def recipe(self) -> Recipe:
-        return self.manifest.recipe
-
-
 def _no_duplicates(pairs: list) -> dict:
     keys = [k for k, _ in pairs]
     if len(keys) != len(set(keys)):
@@ -496,72 +398,3 @@ def read_manifest(path: str | Path) -> Manifest:
 
 def _refuse_constant(name: str):
     raise BundleError(f"manifest holds {name}, which JSON does not allow; the bundle is corrupt or tampered with")
-
-
-def check_files(path: Path, manifest: Manifest, verify: bool = True, prefixes: tuple[str, ...] | None = None) -> None:
-    """The bundle on disk is exactly the manifest's file table: every listed file (under prefixes, if
-    given) is a regular file inside the bundle with the recorded size and (verify) sha256, and every
-    file present is listed. Nothing is opened by a loader before this passes."""
-    root = Path(path).resolve()
-    problems = []
-    present = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        for name in dirnames + filenames:
-            full = base / name
-            rel = full.relative_to(root).as_posix()
-            mode = os.lstat(full).st_mode
-            if stat.S_ISLNK(mode):
-                problems.append(f"{rel}: a symlink (bundles hold regular files only)")
-            elif stat.S_ISDIR(mode):
-                continue
-            elif not stat.S_ISREG(mode):
-                problems.append(f"{rel}: not a regular file")
-            elif rel != MANIFEST:
-                present.add(rel)
-        dirnames[:] = [d for d in dirnames if not os.path.islink(base / d)]
-    wanted = {rel: meta for rel, meta in manifest.files.items() if prefixes is None or rel.startswith(prefixes)}
-    for rel in sorted(present - set(manifest.files)):
-        problems.append(f"{rel}: present but not listed in the manifest (unlisted files are refused)")
-    for rel, meta in sorted(wanted.items()):
-        if rel not in present:
-            if not any(p.startswith(f"{rel}: ") for p in problems):
-                problems.append(f"{rel}: missing")
-            continue
-        size = os.lstat(root / rel).st_size
-        if size != meta.bytes:
-            problems.append(f"{rel}: {size} bytes, manifest says {meta.bytes} (truncated or replaced)")
-        elif verify and sha256_of(root / rel) != meta.sha256:
-            problems.append(f"{rel}: sha256 differs from the manifest (file was modified)")
-    if problems:
-        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise BundleError(f"bundle {path} failed verification:\n  " + "\n  ".join(shown))
-
-
-def open_bundle(path: str | Path, verify: bool = True, expect_id: str | None = None, trust_code: bool = False,
-                prefixes: tuple[str, ...] | None = None) -> Bundle:
-    """Read a bundle's manifest, check its id against expect_id, and check its files (sizes and
-    listing always; sha256 unless verify=False). prefixes: a partial bundle holding only the
-    listed files under these paths (Triton's split layout)."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    if expect_id is not None and manifest.id != normalize_id(expect_id):
-        raise BundleError(f"bundle {path} has id {manifest.id}, not the expected {normalize_id(expect_id)}; "
-                          "it was rebuilt or tampered with")
-    try:
-        check_files(path, manifest, verify=verify, prefixes=prefixes)
-    except OSError as exc:
-        raise BundleError(f"cannot read bundle {path}: {exc.strerror or exc}") from None
-    return Bundle(path, manifest, trust_code)
-
-
-def check_code_trust(bundle: Bundle, reason: str | None) -> None:
-    """Refuse to open a graph whose backend runs code from the bundle (reason says how) unless trusted."""
-    if reason and not bundle.trust_code:
-        raise BundleError(f"bundle {bundle.path} uses backend {bundle.manifest.backend!r}: {reason}. Loading it runs "
-                          "that code with your privileges; pass trust_code=True (CLI: --trust-code) only for bundles "
-                          "you built or whose id you pinned (--expect-id)")
-
-
-__all__ = ["Bundle", "BundleWriter", "FileEntry", "GraphEntry", "Manifest", "MANIFEST", "bundle_id", "canonical_json",
-           "check_code_trust", "check_files", "open_bundle", "read_manifest"]

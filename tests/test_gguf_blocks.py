@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specc.backends.gguf_import import blocks_to_weight, gguf_tensor_name, read_gguf_blocks
+from specc.models.gguf_blocks import blocks_to_weight, gguf_tensor_name, read_gguf_blocks
 
 N, K, HEADS, KV_HEADS = 32, 512, 4, 2
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..block_weights import BlockWeight
 from ..recipe import GGUF_BLOCK_TYPES
-from .matmul_nbits import BlockWeight
 
 QK_K = 256
 IMPORTABLE = GGUF_BLOCK_TYPES

@@ -1,4 +1,4 @@
-"""`target.quantize: int8-gemm`: a graph's linear layers onto ONNX Runtime's integer GEMM (`MatMulInteger`).
+"""quantize_int8_gemm (`target.quantize: int8-gemm`): linear layers onto ONNX Runtime's integer GEMM (`MatMulInteger`).
 
 Weights are int8 with one scale per output channel (round to nearest of the float weight: for a
 GGUF source, its dequantised values). Activations are quantised per row, in two 7-bit parts: with
@@ -12,16 +12,17 @@ and are recombined in float32: y = (acc_hi + acc_lo / 126) · s · scale_w.
 
 Why 7 bits: without VNNI or AMX, ONNX Runtime's AVX2 u8 x s8 kernel adds pairs of products in 16
 bits with saturation (`vpmaddubsw`), so two uint8 activations near 255 times weights near 127
-overflow and the GEMM is wrong (stop 32, an AVX2-only AMD EPYC: errors of 80% of the output on a
-row with an outlier channel). Activations below 128 keep every pair under 2^15 on every CPU, so a
-bundle computes the same bits wherever it runs.
+overflow and the GEMM is wrong. Activations below 128 keep every pair under 2^15 on every CPU, so
+a bundle computes the same bits wherever it runs.
 
-Why: at accuracy level 4, ONNX Runtime's `MatMulNBits` pays for every extra row of a pass
-(a 4-token verify of the Qwen2.5-Coder-1.5B target 1.50x a 1-token pass on this CPU), while its
-integer GEMM on AVX-512 VNNI packs the weights once and reads them once per pass however many
-rows it holds (1.14x; docs/quantization.md). Rows are independent of the pass size by
-construction: every step is a per-row or element-wise operation and the GEMM accumulates exactly
-in int32, so a k+1-token verify gives each row the bits a 1-token decode gives it.
+Why an integer GEMM: at accuracy level 4, `MatMulNBits` pays for every extra row of a pass, while
+the integer GEMM on AVX-512 VNNI reads the packed weights once per pass however many rows it holds
+(docs/quantization.md), which is what a k+1-token verify wants. Rows are independent of the pass
+size by construction: every step is a per-row or element-wise operation and the GEMM accumulates
+exactly in int32, so a k+1-token verify gives each row the bits a 1-token decode gives it.
+
+requires: no Transpose of a constant weight (fold_weight_transposes ran).
+ensures:  no linear layer outside keep_float multiplies by a float weight.
 """
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ import logging
 
 import numpy as np
 
-from .matmul_nbits import QuantConfig, linear_module, linear_weight, replace_linear_layers, rows_match_small_passes
+from .base import OnnxPass
+from .kernel_rows import rows_match_small_passes
+from .linear_layers import (LINEARS_QUANTISED, WEIGHT_TRANSPOSES_FOLDED, QuantConfig, linear_module, linear_weight,
+                            replace_linear_layers)
 
 QMAX = 63  # |hi|, |lo| <= 63: uint8 activations in [1, 127] around zero point 64 (see above)
 LO = 2.0 * QMAX  # the low part's resolution: one step of hi in LO steps
@@ -102,8 +106,7 @@ def merge_shared_input_linears(model, config: QuantConfig) -> int:
     side and a Split back into their outputs (in place); returns how many layers were merged into another.
 
     Every output channel keeps its own weights and, quantised per channel, its own scale, so every output has
-    the bits it had; a pass runs one GEMM and one recombination where it ran two or three (Qwen2.5 1.5B: 113
-    GEMMs instead of 197; a 5-token verify ~1% faster, a 60-token prefill 8%: docs/quantization.md)."""
+    the bits it had; a pass runs one GEMM and one recombination where it ran two or three (docs/quantization.md)."""
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
@@ -141,34 +144,44 @@ def merge_shared_input_linears(model, config: QuantConfig) -> int:
     return sum(1 for v in replaced.values() if not v)
 
 
-def quantize_linear_layers_int8_gemm(model, config: QuantConfig) -> dict:
-    """Replace every linear layer's MatMul with the int8 GEMM above (in place); returns a summary for the
-    manifest (layer counts, bytes of weights one pass reads, row independence)."""
-    from onnx import numpy_helper
+class QuantizeInt8Gemm(OnnxPass):
+    """Linear layers onto the integer GEMM: int8 weights per channel, activations in two 7-bit parts per row."""
 
-    merged = merge_shared_input_linears(model, config)  # from here on, one GEMM per activation
-    consts = _constants(model)
-    activations = itertools.count()
+    name = "quantize_int8_gemm"
+    requires = (WEIGHT_TRANSPOSES_FOLDED,)
+    ensures = (LINEARS_QUANTISED,)
 
-    def replace(node, w: np.ndarray, module: str):
-        q, scale = quantize_channels(w)
-        base = node.output[0]
-        q_init = numpy_helper.from_array(np.ascontiguousarray(q.T), f"{base}.int8")
-        s_init = numpy_helper.from_array(scale, f"{base}.channel_scales")
-        model.graph.initializer.extend([q_init, s_init])
-        p = f"int8_gemm.x{next(activations)}"
-        nodes = _activation_nodes(node.input[0], p, consts) + _gemm_nodes(p, node.name, base, q_init.name, s_init.name, consts)
-        return nodes, "int8 per channel", q.size + scale.nbytes
+    def __init__(self, config: QuantConfig):
+        self.config = config
 
-    counts, weight_bytes = replace_linear_layers(model, config, replace)
-    invariant = rows_independent_of_pass_size()
-    if not invariant:
-        logging.getLogger("specc").warning(
-            "the int8 GEMM computed a row differently in 1-token and multi-token passes on this CPU: greedy speculative "
-            "output can differ from target-only output where two tokens nearly tie")
-    return {"kind": config.kind, "bits": 8, "layers": counts, "merged_layers": merged, "weight_bytes": weight_bytes,
-            "kernel": "MatMulInteger (u8 activations x s8 weights)", "rows_independent_of_pass_size": invariant,
-            "min_pass_rows": 1 if invariant else None}
+    def apply(self, model) -> dict:
+        """Manifest facts: layer counts, layers merged, bytes of weights one pass reads, row independence."""
+        from onnx import numpy_helper
+
+        config = self.config
+        merged = merge_shared_input_linears(model, config)  # from here on, one GEMM per activation
+        consts = _constants(model)
+        activations = itertools.count()
+
+        def replace(node, w: np.ndarray, module: str):
+            q, scale = quantize_channels(w)
+            base = node.output[0]
+            q_init = numpy_helper.from_array(np.ascontiguousarray(q.T), f"{base}.int8")
+            s_init = numpy_helper.from_array(scale, f"{base}.channel_scales")
+            model.graph.initializer.extend([q_init, s_init])
+            p = f"int8_gemm.x{next(activations)}"
+            nodes = _activation_nodes(node.input[0], p, consts) + _gemm_nodes(p, node.name, base, q_init.name, s_init.name, consts)
+            return nodes, "int8 per channel", q.size + scale.nbytes
+
+        counts, weight_bytes = replace_linear_layers(model, config, replace)
+        invariant = rows_independent_of_pass_size()
+        if not invariant:
+            logging.getLogger("specc").warning(
+                "the int8 GEMM computed a row differently in 1-token and multi-token passes on this CPU: greedy speculative "
+                "output can differ from target-only output where two tokens nearly tie")
+        return {"kind": config.kind, "bits": 8, "layers": counts, "merged_layers": merged, "weight_bytes": weight_bytes,
+                "kernel": "MatMulInteger (u8 activations x s8 weights)", "rows_independent_of_pass_size": invariant,
+                "min_pass_rows": 1 if invariant else None}
 
 
 def rows_independent_of_pass_size(k: int = 1536, n: int = 256) -> bool:

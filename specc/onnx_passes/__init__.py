@@ -1,0 +1,40 @@
+"""ONNX passes: rewrites of a backend's exported ONNX graph, one per module, run in an explicit order."""
+from __future__ import annotations
+
+from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
+from .compute_attention_in_fp64 import ComputeAttentionInFp64
+from .fold_weight_transposes import FoldWeightTransposes
+from .linear_layers import QuantConfig
+from .quantize_int8_gemm import QuantizeInt8Gemm
+from .quantize_matmul_nbits import QuantizeMatMulNBits
+from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
+
+
+def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
+    """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (or the integer GEMM for int8-gemm),
+    attention in float64 (the k+1-token verify then sees the numbers a 1-token decode sees)."""
+    quantize = QuantizeInt8Gemm(config) if config.kind == "int8-gemm" else QuantizeMatMulNBits(config)
+    return [FoldWeightTransposes(), quantize, ComputeAttentionInFp64()]
+
+
+def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
+    """A quantised target on TensorRT: linear layers into the DequantizeLinear → MatMul form TensorRT fuses."""
+    return [FoldWeightTransposes(), QuantizeWeightOnlyDQ(config)]
+
+
+ALL_ONNX_PASSES: list[type[OnnxPass]] = [FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
+                                         QuantizeWeightOnlyDQ, ComputeAttentionInFp64]
+
+
+def describe_onnx_passes() -> str:
+    """Every ONNX pass with its contract, for `specc passes`."""
+    lines = []
+    for cls in ALL_ONNX_PASSES:
+        lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
+        lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
+    return "\n".join(lines)
+
+
+__all__ = ["ALL_ONNX_PASSES", "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
+           "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

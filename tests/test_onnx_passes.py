@@ -1,0 +1,262 @@
+"""One focused test per ONNX pass (specc/onnx_passes): the rewrite's numerics on small graphs, its contract,
+and the pipelines' order."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specc.backends.trt_coverage import check_onnx
+from specc.block_weights import quantize_rtn
+from specc.onnx_passes import (ALL_ONNX_PASSES, OnnxPassContractError, QuantConfig, describe_onnx_passes,
+                               onnxruntime_target_pipeline, run_onnx_passes, tensorrt_target_pipeline)
+from specc.onnx_passes.compute_attention_in_fp64 import ComputeAttentionInFp64
+from specc.onnx_passes.fold_weight_transposes import FoldWeightTransposes
+from specc.onnx_passes.quantize_int8_gemm import QuantizeInt8Gemm, quantize_channels
+from specc.onnx_passes.quantize_matmul_nbits import QuantizeMatMulNBits
+from specc.onnx_passes.quantize_weight_only_dq import QuantizeWeightOnlyDQ
+
+
+def one_linear_graph(w: np.ndarray, module: str = "layers.0.mlp.up_proj", opset: int = 23):
+    """An ONNX graph y = x @ wᵀ whose MatMul carries the exporter's module scope, as specc's graphs do."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k = w.shape
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", n])],
+                              [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_graph(model, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("bits,block,symmetric,k", [(4, 32, True, 64), (4, 32, False, 64), (4, 128, True, 96),
+                                                    (8, 16, True, 64), (8, 32, False, 80), (4, 16, True, 48)])
+def test_matmul_nbits_multiplies_by_the_dequantised_weight(bits, block, symmetric, k):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(40, k)).astype(np.float32)
+    bw = quantize_rtn(w, bits, block, symmetric)
+    step = np.abs(w).max() / (2 ** (bits - 1) - 1)
+    assert np.abs(bw.dequantize() - w).max() <= step  # round to nearest: within one level of the block's scale
+    model = one_linear_graph(w)
+    summary = QuantizeMatMulNBits(QuantConfig(bits, block, accuracy_level=1, symmetric=symmetric))(model)
+    assert summary["layers"] == {f"rtn int{bits} block {block}": 1}
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"] and not model.graph.initializer[0].name == "W"
+    x = rng.normal(size=(2, 3, k)).astype(np.float32)
+    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+def test_offsets_and_kept_layers():
+    """Per-block float offsets (GGUF minimums) go through the blocksum MatMul; keep_float leaves a layer alone."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(24, 64)).astype(np.float32)
+    bw = quantize_rtn(w, 4, 32, symmetric=False)
+    bw.zero_points[:] = 0
+    bw.offsets = rng.normal(size=bw.scales.shape).astype(np.float32)
+    bw.source = "gguf:test"
+    model = one_linear_graph(bw.dequantize())
+    summary = QuantizeMatMulNBits(QuantConfig(4, 32, accuracy_level=1, imported={"layers.0.mlp.up_proj": [bw]}))(model)
+    assert summary["layers"] == {"gguf:test int4 block 32 +offsets": 1}
+    x = rng.normal(size=(1, 5, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_graph(model, x), x @ bw.dequantize().T, rtol=1e-5, atol=1e-4)
+    kept = one_linear_graph(w, "lm_head")
+    assert QuantizeMatMulNBits(QuantConfig(4, keep_float=("lm_head",)))(kept)["layers"] == {"float32": 1}
+
+
+def test_int8_gemm_multiplies_by_the_channel_quantised_weight():
+    """int8-gemm: y = x @ the per-channel int8 weightᵀ, with activations in two int8 parts per row (~15 bits, so a
+    100x outlier channel costs the others little), each row the same bits whatever the pass holds."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(40, 96)).astype(np.float32)
+    q, scale = quantize_channels(w)
+    deq = q.astype(np.float32) * scale[:, None]
+    assert np.abs(deq - w).max(1).max() <= (np.abs(w).max(1) / 127 / 2 * 1.0001).max()
+    model = one_linear_graph(w)
+    shared_input = one_linear_graph(w)
+    summary = QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm"))(model)
+    assert summary["layers"] == {"int8 per channel": 1} and summary["weight_bytes"] == 40 * 96 + 40 * 4
+    assert summary["rows_independent_of_pass_size"] is True
+    assert "MatMulInteger" in [n.op_type for n in model.graph.node] and "W" not in [i.name for i in model.graph.initializer]
+    x = rng.normal(size=(2, 7, 96)).astype(np.float32)
+    x[..., 5] *= 100
+    y, ref = run_graph(model, x), x @ deq.T
+    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()
+    one_at_a_time = np.concatenate([run_graph(model, x[:, i:i + 1]) for i in range(7)], axis=1)
+    assert np.array_equal(y, one_at_a_time)  # rows do not depend on the pass size
+    kept = QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm", keep_float=("layers.*",)))(shared_input)
+    assert kept["layers"] == {"float32": 1}
+
+
+def _two_linears_graph(wa: np.ndarray, wb: np.ndarray, shared: bool):
+    """ya = x @ waᵀ (+ 1), yb = x @ wbᵀ, both MatMuls reading x itself (shared) or b reading a copy of x."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def linear(x, w, y, module):
+        node = helper.make_node("MatMul", [x, w], [y], name=f"mm.{y}")
+        node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
+        return node
+
+    nodes = [helper.make_node("Identity", ["x"], ["x2"]), linear("x", "Wa", "ya0", "layers.0.mlp.gate_proj"),
+             helper.make_node("Add", ["ya0", "one"], ["ya"]),
+             linear("x" if shared else "x2", "Wb", "yb", "layers.0.mlp.up_proj")]
+    k = wa.shape[1]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["b", "t", w.shape[0]])
+                               for y, w in (("ya", wa), ("yb", wb))],
+                              [numpy_helper.from_array(np.ascontiguousarray(wa.T), "Wa"),
+                               numpy_helper.from_array(np.ascontiguousarray(wb.T), "Wb"),
+                               numpy_helper.from_array(np.array(1, np.float32), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_int8_gemm_merges_linears_that_read_one_input_without_changing_a_bit():
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    wa, wb = rng.normal(size=(24, 64)).astype(np.float32), rng.normal(size=(40, 64)).astype(np.float32)
+    merged, apart = _two_linears_graph(wa, wb, shared=True), _two_linears_graph(wa, wb, shared=False)
+    summary = QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm"))(merged)
+    assert summary["merged_layers"] == 1 and summary["layers"] == {"int8 per channel": 1}
+    assert QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm"))(apart)["merged_layers"] == 0
+    assert [n.op_type for n in merged.graph.node].count("MatMulInteger") == 1
+    assert not {"Wa", "Wb"} & {i.name for i in merged.graph.initializer}
+    x = rng.normal(size=(2, 5, 64)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})  # noqa: E731
+    for y, y_apart in zip(run(merged), run(apart)):
+        assert np.array_equal(y, y_apart)
+    kept = _two_linears_graph(wa, wb, shared=True)
+    assert QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm", keep_float=("*up_proj",)))(kept)[
+        "merged_layers"] == 0
+
+
+def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(16, 32)).astype(np.float32)
+    other = quantize_rtn(w + 1, 4, 32)
+    other.source = "gguf:Q4_0"
+    summary = QuantizeMatMulNBits(QuantConfig(4, 32, imported={"layers.0.mlp.up_proj": [other]}))(one_linear_graph(w))
+    assert summary["layers"] == {"rtn (gguf values differ) int4 block 32": 1}
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_tensorrt_weight_only_form(kind):
+    """The TensorRT route's DequantizeLinear → MatMul graph computes x @ dequantised W (ONNX Runtime as the
+    reference), and passes the TensorRT operator-table check; MatMulNBits does not, with a pointer to it."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(48, 256)).astype(np.float32)
+    model = one_linear_graph(w, opset=18)  # the tensorrt backend's export opset
+    summary = QuantizeWeightOnlyDQ(QuantConfig(4 if kind == "int4" else 8, 64, kind=kind))(model)
+    assert summary["layers"] == 1 and [n.op_type for n in model.graph.node] == ["DequantizeLinear", "MatMul"]
+    x = rng.normal(size=(1, 3, 256)).astype(np.float32)
+    rel = np.abs(run_graph(model, x) - x @ w.T).max() / np.abs(x @ w.T).max()
+    assert rel < {"int4": 0.15, "int8": 0.02, "fp8": 0.08}[kind]
+    report = check_onnx(model)
+    assert report.ok, report.message()
+    nbits = one_linear_graph(w, opset=18)
+    QuantizeMatMulNBits(QuantConfig(4, 32))(nbits)
+    assert "DequantizeLinear → MatMul" in check_onnx(nbits).message()
+
+
+def _tied_head_graph(emb: np.ndarray):
+    """logits = x @ embᵀ through a Transpose of the embedding, as a tied LM head exports."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    v, h = emb.shape
+    transpose = helper.make_node("Transpose", ["E"], ["Et"], perm=[1, 0], name="tied")
+    matmul = helper.make_node("MatMul", ["x", "Et"], ["y"], name="lm")
+    matmul.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'lm_head', 'linear']")
+    graph = helper.make_graph([transpose, matmul], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["t", v])],
+                              [numpy_helper.from_array(emb, "E")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_fold_weight_transposes_makes_a_tied_head_a_weight_and_keeps_its_numbers():
+    rng = np.random.default_rng(6)
+    emb = rng.normal(size=(40, 32)).astype(np.float32)
+    x = rng.normal(size=(3, 32)).astype(np.float32)
+    model = _tied_head_graph(emb)
+    before = run_graph(model, x)
+    assert FoldWeightTransposes()(model) == {}
+    assert [n.op_type for n in model.graph.node] == ["MatMul"]
+    assert np.array_equal(run_graph(model, x), before)
+    assert QuantizeMatMulNBits(QuantConfig(4, 32))(model)["layers"] == {"rtn int4 block 32": 1}
+
+
+def test_quantising_before_folding_is_refused_naming_the_pass():
+    """The contract catches a pipeline in the wrong order: the tied head would have stayed float."""
+    emb = np.random.default_rng(7).normal(size=(40, 32)).astype(np.float32)
+    for quantiser in (QuantizeMatMulNBits(QuantConfig(4, 32)), QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm")),
+                      QuantizeWeightOnlyDQ(QuantConfig(8, 32, kind="int8"))):
+        with pytest.raises(OnnxPassContractError, match=f"ONNX pass {quantiser.name} requires no Transpose"):
+            quantiser(_tied_head_graph(emb))
+
+
+def test_a_pass_that_does_not_deliver_its_promise_fails():
+    class Forgetful(QuantizeMatMulNBits):
+        def apply(self, model) -> dict:
+            return {}
+
+    with pytest.raises(OnnxPassContractError, match="promised no linear layer outside keep_float"):
+        Forgetful(QuantConfig(4, 32))(one_linear_graph(np.ones((8, 32), np.float32)))
+
+
+def _attention_graph(hq: int, hkv: int, d: int, scale: float):
+    """y = Attention(q [1, Hq, T, D], k, v [1, Hkv, S, D], boolean mask [1, 1, T, S]) at opset 23."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Attention", ["q", "k", "v", "mask"], ["y"], name="attn", scale=scale)
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, hq, "t", d]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, hkv, "s", d]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, hkv, "s", d]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, "t", "s"])]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, hq, "t", d])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_attention_in_fp64_gives_a_row_the_same_bits_in_any_pass():
+    """Grouped-query attention over a cache of 9 with a causal mask: the float64 decomposition matches float64
+    attention computed here, and a row's output is the same bits in a 1-token pass as in a 5-token one."""
+    import onnxruntime as ort
+
+    hq, hkv, d, s, t = 4, 2, 8, 9, 5
+    scale = d ** -0.5
+    model = _attention_graph(hq, hkv, d, scale)
+    assert ComputeAttentionInFp64()(model) == {"attention_float64": 1}
+    assert "Attention" not in [n.op_type for n in model.graph.node]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(8)
+    q = rng.normal(size=(1, hq, t, d)).astype(np.float32)
+    k, v = (rng.normal(size=(1, hkv, s, d)).astype(np.float32) for _ in range(2))
+    mask = np.arange(s)[None, :] <= np.arange(s - t, s)[:, None]  # row i sees the cache up to its own position
+    y = session.run(None, {"q": q, "k": k, "v": v, "mask": mask[None, None]})[0]
+    kk, vv = (np.repeat(a.astype(np.float64), hq // hkv, axis=1) for a in (k, v))
+    scores = np.where(mask, q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) * scale, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ vv
+    assert np.abs(y - ref).max() < 1e-6
+    for i in range(t):
+        alone = session.run(None, {"q": q[:, :, i:i + 1], "k": k, "v": v, "mask": mask[None, None, i:i + 1]})[0]
+        assert np.array_equal(alone[:, :, 0], y[:, :, i])
+    causal = _attention_graph(hq, hkv, d, scale)
+    causal.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("is_causal", 1))
+    assert ComputeAttentionInFp64()(causal) == {"attention_float64": 0}  # left as it is, and the contract holds
+
+
+def test_pipelines_run_in_order_and_every_pass_is_listed():
+    config = QuantConfig(4, 32, kind="int4")
+    assert [type(p) for p in onnxruntime_target_pipeline(config)] == [FoldWeightTransposes, QuantizeMatMulNBits,
+                                                                      ComputeAttentionInFp64]
+    gemm = QuantConfig(8, kind="int8-gemm")
+    assert [type(p) for p in onnxruntime_target_pipeline(gemm)][1] is QuantizeInt8Gemm
+    assert [type(p) for p in tensorrt_target_pipeline(config)] == [FoldWeightTransposes, QuantizeWeightOnlyDQ]
+    emb = np.random.default_rng(9).normal(size=(40, 32)).astype(np.float32)
+    facts = run_onnx_passes(_tied_head_graph(emb), onnxruntime_target_pipeline(config))
+    assert facts["layers"] == {"rtn int4 block 32": 1} and facts["attention_float64"] == 0
+    listing = describe_onnx_passes()
+    assert all(f"{cls.name}: " in listing for cls in ALL_ONNX_PASSES)

@@ -87,6 +87,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
     from transformers.utils import logging as hf_logging
 
     backend = get_backend(recipe.backend)
+    recipe = resolve_context(recipe)
     check_model_fits(recipe)
     writer = BundleWriter(Path(output or recipe.output))
     hf_bars = hf_logging.is_progress_bar_enabled()
@@ -189,6 +190,33 @@ def _disk_full(root: Path, exc: OSError) -> str | None:
     return (f"no space left on the disk of {root} while writing the bundle ({free / 2**20:.0f} MiB free; {exc}); "
             "the partial bundle was removed. A bundle takes about the weights' size per graph (float32: 4 bytes a "
             "parameter): free space there or compile to another directory (-o)")
+
+
+MAX_CONTEXT = 131072  # the recipe's upper bound of limits.max_context
+
+
+def model_window(source: str) -> int | None:
+    """A model's own context window (config.json max_position_embeddings), or None where it gives none."""
+    try:
+        config = json.loads((resolve_source(source) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if "max_position_embeddings" not in config else config
+    window = config.get("max_position_embeddings")
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+
+
+def resolve_context(recipe: Recipe) -> Recipe:
+    """limits.max_context "model" as a number: the target's context window (and the draft model's, if smaller)."""
+    if recipe.limits.max_context != "model":
+        return recipe
+    sources = [recipe.target.model] + ([recipe.draft.model] if recipe.draft.method == "model" and recipe.draft.model else [])
+    windows = [model_window(s) for s in sources]
+    if windows[0] is None:
+        raise RecipeError("limits.max_context", f"{recipe.target.model!r} does not state its context window "
+                          "(config.json max_position_embeddings); give limits.max_context as a number")
+    window = min([MAX_CONTEXT] + [w for w in windows if w is not None])
+    return dataclasses.replace(recipe, limits=dataclasses.replace(recipe.limits, max_context=window))
 
 
 def check_model_fits(recipe: Recipe) -> None:

@@ -18,3 +18,21 @@ def auto_k_max(k: int | str) -> int:
 def is_probability(x: object) -> bool:
     """A number (not a bool) in [0, 1]: what a stop_below threshold must be, wherever it is given."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float32") -> int:
+    """Bytes of keys and values one token takes in a row's KV cache."""
+    return 2 * n_layers * n_kv_heads * head_dim * DTYPE_BYTES.get(dtype, 4)
+
+
+def context_cost(per_token: int, max_context: int, max_batch: int | None = None) -> str:
+    """What contexts cost in KV memory, in words (inspect, models check)."""
+    mib = 1 << 20
+    text = (f"KV cache {per_token / 1024:.1f} KiB per token per row: 2k tokens {2048 * per_token / mib:.0f} MiB, "
+            f"{max_context} tokens {max_context * per_token / mib:.0f} MiB")
+    if max_batch:
+        text += f", x {max_batch} rows {max_batch * max_context * per_token / mib / 1024:.2f} GiB"
+    return text + " (the cache grows with the rows' contexts; only what they hold is allocated)"

@@ -123,7 +123,9 @@ class SamplingSpec:
 @dataclass(frozen=True)
 class LimitsSpec:
     max_batch: int = _f(8, "most rows generated together", lo=1, hi=1024)
-    max_context: int = _f(2048, "most tokens (prompt + generated) per row", lo=16, hi=131072)
+    max_context: int | str = _f("model", "most tokens (prompt + generated) per row; model: the target's own context "
+                                         "window (config max_position_embeddings, at most 131072)", lo=16, hi=131072,
+                                also=("model",))
 
 
 @dataclass(frozen=True)

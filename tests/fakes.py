@@ -18,6 +18,8 @@ from specc.capture.shapes import ModelDims
 from specc.methods import DraftMethod
 from specc.runtime.drafters.base import DraftInfo, DraftPlan, Drafter, Proposal
 from specc.runtime.model import SpecModel
+from specc.runtime.prefix_cache import PrefixCache
+from specc.runtime.step import DEFAULT_CHUNK
 from specc.runtime.state import Batch, Request
 from specc.runtime.step import StepRunner
 from specc.runtime.target import Target
@@ -132,6 +134,7 @@ class FakeModel(SpecModel):
         self.eos_ids, self.tokenizer, self.policies = set(eos_ids), FakeTokenizer(), {}
         self.defaults = SamplingParams()
         self.draft_method = drafter.method.name if drafter is not None else "none"
+        self.prefill_chunk, self.interleave_chunk, self.prefix_cache = DEFAULT_CHUNK, DEFAULT_CHUNK, PrefixCache(0)
 
     def request(self, index: int, prompt: list[int], max_new_tokens: int = 12, temperature: float = 0.0,
                 seed: int | None = None, stop: tuple[str, ...] = (), lookahead: int = 8) -> Request:

@@ -184,3 +184,13 @@ def test_early_stops_keep_the_target_distribution(head_bundles, monkeypatch, bro
         assert p[0] > PASS_P and min(p[1:]) < FAIL_P
     else:
         assert min(p) > PASS_P, f"p-values {p}"
+
+
+@pytest.mark.parametrize("name", ["eagle_chain", "medusa_chain", "eagle_tree"])
+def test_chunked_prefill_greedy_equals_target_only(head_bundles, monkeypatch, name):
+    """Prompts entered in chunks of 3 (the target's prefill, EAGLE's first entries): still the target's output."""
+    from specc.runtime import model as model_module
+
+    monkeypatch.setattr(model_module, "DEFAULT_CHUNK", 3)
+    _, bundles = head_bundles
+    assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)

@@ -18,8 +18,8 @@ def _err(data) -> str:
 
 
 def test_minimal_recipe_gets_defaults():
-    r = parse_recipe(BASE)
-    assert r.backend == "onnxruntime" and r.speculation.k == "auto" and r.limits.max_context == 2048
+    r = parse_recipe(BASE)  # max_context "model": the target's own window, resolved at compile
+    assert r.backend == "onnxruntime" and r.speculation.k == "auto" and r.limits.max_context == "model"
     assert parse_recipe({**BASE, "speculation": {"k": "auto"}}).speculation.k == "auto"
 
 

@@ -387,3 +387,22 @@ def test_fuzzed_requests_answer_200_or_a_4xx_error(fuzz_server, chat, changes):
     elif body.get("stream") is not True:
         assert r.json()["choices"]
     assert not logged, logged
+
+
+def test_prefix_cache_reports_cached_tokens_and_metrics(server, model):
+    """A prompt sent twice: the second response counts its cached blocks, /metrics the queries and hits."""
+    _wait_idle(server.engine)
+    model.set_prefix_cache_mb(8)
+    try:
+        prompt = "def f(x):\n    return x + 1\n" * 6  # 162 tokens (byte tokenizer): two whole blocks cached
+        client = server.client()
+        first = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+        again = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+        assert again.choices[0].text == first.choices[0].text
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.usage.prompt_tokens_details.cached_tokens == 128
+        text = httpx.get(server.url + "/metrics").text
+        hits = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("specc:prefix_cache_hits_total"))
+        assert hits >= 128 and "specc:prefix_cache_queries_total" in text and "specc:prefix_cache_bytes" in text
+    finally:
+        model.set_prefix_cache_mb(0)

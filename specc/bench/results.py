@@ -141,8 +141,8 @@ def caption(run: dict) -> str:
                f"{repeats} repeat{'s' if repeats != 1 else ''}" + (" (median)" if repeats and repeats > 1 else ""))
     if run.get("provenance") == "reconstructed":
         source = "reconstructed from earlier documentation, not re-run"
-    else:
-        source = "measured by `specc bench --json`"
+    else:  # runs of another benchmark script name it (`measured_by`)
+        source = f"measured by `{run.get('measured_by') or 'specc bench --json'}`"
     return (f"Run `{run['run']}` ({source}): {run.get('date') or 'date not recorded'}, {machine_text(run)}; "
             f"{prompts}; {setting}. Reference: {run.get('reference') or 'not recorded'}.")
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..limits import context_cost, kv_bytes_per_token
 from .families import BY_MODEL_TYPE, FAMILIES, CheckReport, check_config
 from ..errors import ModelError
 from ..models import catalog
@@ -45,11 +46,26 @@ def check_model(source: str) -> CheckReport:
     return check_config(read_config(source))
 
 
-def describe(source: str, report: CheckReport) -> str:
+def describe(source: str, report: CheckReport, config=None) -> str:
     if report.family is None:
         return f"{source}: cannot be compiled: " + "; ".join(report.problems)
     lines = [f"{source}: compiles (model_type {report.model_type} -> family {report.family.name}, {report.family.title})"]
-    return "\n".join(lines + [f"  {fact}" for fact in report.facts])
+    return "\n".join(lines + [f"  {fact}" for fact in report.facts] + context_lines(config))
+
+
+def context_lines(config) -> list[str]:
+    """The model's context window and what its KV cache costs (float32), from its config."""
+    cfg = getattr(config, "text_config", None) or config
+    try:
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        per_token = kv_bytes_per_token(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim)
+    except (AttributeError, TypeError, ZeroDivisionError):
+        return []
+    window = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(window, int):
+        return [f"  context window not stated (config max_position_embeddings); {context_cost(per_token, 2048)}"]
+    return [f"  context window {window} tokens (recipes' limits.max_context model); {context_cost(per_token, window)}"]
 
 
 # Compiled checks behind the table: the heavy matrix of tests/test_model_families.py (`-m heavy -k matrix`:

@@ -69,3 +69,4 @@ AXES: dict[str, dict[int, str]] = {
     "k_cache": {1: "batch", 3: "cache"},
     "v_cache": {1: "batch", 3: "cache"},
 }
+

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import (RawEpilogHelpFormatter, add_json, add_trust, add_verify, add_warm, deprecated_alias, json_file,
-                     k_value)
+from .parser import (RawEpilogHelpFormatter, add_context_settings, add_json, add_trust, add_verify, add_warm,
+                     deprecated_alias, json_file, k_value)
 from .run_cmds import write_json
 
 
@@ -79,10 +79,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--shutdown-timeout {args.shutdown_timeout}: allowed a number of seconds >= 0")
     if not args.max_body_mb > 0:
         raise SpeccError(f"--max-body-mb {args.max_body_mb}: allowed a number of MiB > 0")
+    checks.at_least(args.prefix_cache_mb, "--prefix-cache-mb", low=0)
+    checks.at_least(args.prefill_chunk, "--prefill-chunk")
     serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
           max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
-          chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb)
+          chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb,
+          prefix_cache_mb=args.prefix_cache_mb, prefill_chunk=args.prefill_chunk)
     return 0
 
 
@@ -156,6 +159,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-mb", type=float, default=8.0, metavar="MB",
                    help="largest request body in MiB; larger ones answer 413 before they are read")
     add_warm(p)
+    add_context_settings(p)
     add_verify(p)
     add_trust(p)
     p.set_defaults(func=cmd_serve)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..bench.table import fmt, table
 from ..errors import escape_control
+from ..limits import context_cost, kv_bytes_per_token
 
 
 def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False) -> str:
@@ -69,6 +70,9 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         m = g.model
         lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, "
                      f"vocab {m['vocab_size']}, {m['dtype']}")
+        if role != "draft" or manifest.draft.method == "model":  # heads and early exit keep no cache of that size
+            per_token = kv_bytes_per_token(m["n_layers"], m["n_kv_heads"], m["head_dim"], m["dtype"])
+            lines.append("  memory    " + context_cost(per_token, recipe.limits.max_context, recipe.limits.max_batch))
         for i in g.inputs:
             lines.append(f"  in  {i.name:<14} {i.dtype:<8} {i.shape}")
         lines.append(f"  out {', '.join(g.outputs)}")

@@ -18,12 +18,13 @@ def cmd_models(args: argparse.Namespace) -> int:
     from ..models import catalog
 
     if args.action == "check":
-        from ..capture.check import check_model, describe
+        from ..capture.check import check_config, describe, read_config
 
-        report = check_model(args.model)
+        config = read_config(args.model)
+        report = check_config(config)
         if report.family is None:
             raise ModelError(describe(args.model, report))
-        print(describe(args.model, report))
+        print(describe(args.model, report, config))
         return 0
     if args.action == "list" and args.families:
         from ..capture.check import families_table

@@ -140,6 +140,24 @@ def add_seed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of sampling (the same seed repeats a sampled run)")
 
 
+def add_context_settings(p: argparse.ArgumentParser, prefix_cache_default: int | None = None) -> None:
+    """--prefix-cache-mb and --prefill-chunk (runtime settings of long prompts)."""
+    auto = "a tenth of the memory available at start, at most 4096"
+    p.add_argument("--prefix-cache-mb", type=int, default=prefix_cache_default, metavar="MB",
+                   help="memory for KV of prompt prefixes reused across requests and turns, evicted least recently "
+                        f"used first; 0: off (default: {auto if prefix_cache_default is None else '%(default)s'})")
+    p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
+                   help="prompt tokens per prefill pass; a longer prompt prefills in chunks, between rounds of the "
+                        "running batch")
+
+
+def apply_context_settings(model, args: argparse.Namespace) -> None:
+    """Set a loaded SpecModel's prefix cache and prefill chunk from --prefix-cache-mb and --prefill-chunk."""
+    if args.prefix_cache_mb is not None:
+        model.set_prefix_cache_mb(args.prefix_cache_mb)
+    model.prefill_chunk = args.prefill_chunk
+
+
 def add_verify(p: argparse.ArgumentParser) -> None:
     """--no-verify."""
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files "

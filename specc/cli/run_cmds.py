@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..errors import SpeccError
 from . import checks
-from .parser import (add_json, add_prompts, add_sampling, add_seed, add_warm, deprecated_alias, json_file,
-                     json_to_stdout, k_value)
+from .parser import (add_context_settings, add_json, add_prompts, add_sampling, add_seed, add_warm,
+                     apply_context_settings, deprecated_alias, json_file, json_to_stdout, k_value)
 
 
 def load_model(args: argparse.Namespace):
@@ -51,11 +51,14 @@ def human_output(args: argparse.Namespace):
 
 
 def check_run_inputs(args: argparse.Namespace) -> None:
-    """The checks generate, bench, eval and tune share: bundle directories, --json FILE, --max-new-tokens."""
+    """The checks generate, bench, eval and tune share: bundle directories, --json FILE, --max-new-tokens
+    (and --prefix-cache-mb, --prefill-chunk where the command has them)."""
     for bundle in args.bundle if isinstance(args.bundle, list) else [args.bundle]:
         checks.bundle_dir(bundle)
     checks.output_file(json_file(args))
     checks.at_least(getattr(args, "max_new_tokens", None), "--max-new-tokens")
+    checks.at_least(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb", low=0)
+    checks.at_least(getattr(args, "prefill_chunk", None), "--prefill-chunk")
 
 
 def read_rules(args: argparse.Namespace) -> dict:
@@ -94,6 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     template = read_chat_template(args.chat_template) if args.chat_template else None
     model = load_model(args)
     warm_from(model, warm_texts, log=lambda m: print(m, file=sys.stderr))
+    apply_context_settings(model, args)
     if template is not None:
         model.set_chat_template(template, f"--chat-template {args.chat_template}")
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -156,6 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         models = load_bundles(args.bundle, verify=not args.no_verify, trust_code=args.trust_code, expect_id=args.expect_id)
         for model in models:
             warm_from(model, texts)
+            apply_context_settings(model, args)
         results = run_bench(models, items, max_new_tokens=args.max_new_tokens, k_values=args.k or [], trees=trees,
                             repeats=args.repeats, json_path=json_file(args), batch_size=args.max_batch, seed=args.seed,
                             compare=args.compare, llamacpp={"target_gguf": args.llamacpp_target,
@@ -260,6 +265,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="draft tokens per round, or auto: chosen each round from measured acceptance and costs "
                         "(default: the recipe's)")
     add_warm(p)
+    add_context_settings(p)
     add_json(p, "completions and stats")
     p.add_argument("--chat-template", type=Path, metavar="FILE",
                    help="Jinja chat template for --chat prompts, instead of the tokenizer's (or where it has none)")
@@ -294,6 +300,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may "
                    "use, as ONNX Runtime)")
     add_warm(p)
+    add_context_settings(p, prefix_cache_default=0)  # repeats of the same prompts would hit the cache
     add_json(p, "the results (with FILE: a Markdown report (.md) and a plot (.png) beside it)")
     p.set_defaults(func=cmd_bench)
 

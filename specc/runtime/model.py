@@ -19,10 +19,11 @@ from .drafters import DraftContext, build_drafter
 from .grammar import Grammars, schema_text
 from .rules import RowRule, Rules
 from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
+from .prefix_cache import PrefixCache, default_budget_mb
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
 from .stats import RunStats
-from .step import StepRunner
+from .step import DEFAULT_CHUNK, INTERLEAVE_CHUNK, StepRunner
 from .target import Target
 from .verifier import Verifier
 from .text import TextStream
@@ -74,10 +75,32 @@ class SpecModel:
                 "(sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
                 "settings that are row-invariant on which CPUs", escape_control(bundle.path))
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
+        self.prefill_chunk = DEFAULT_CHUNK
+        self.interleave_chunk = INTERLEAVE_CHUNK  # prompt tokens per step while other rows decode (Scheduler.step)
+        self.prefix_cache = PrefixCache(default_budget_mb() << 20)  # shared by every call and server request
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 
     def _load_graph(self, role: str, min_rows: int = 1) -> StepRunner:
         return load_graph(self.bundle, role, self._open_graph, self.device, min_rows)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Most prompt tokens per row in one prefill pass, the target's and the draft's (runtime/prefill.py)."""
+        return self._prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, tokens: int) -> None:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise RequestError(f"prefill_chunk must be an integer >= 1, got {tokens!r}")
+        self._prefill_chunk = tokens
+        drafters = [self.drafter, *(self.drafter.arms.values() if self.drafter is not None else ())]
+        for d in drafters + [getattr(d, "model", None) for d in drafters]:
+            if d is not None and hasattr(d, "prefill_chunk"):
+                d.prefill_chunk = tokens
+
+    def set_prefix_cache_mb(self, mb: int) -> None:
+        """Keep at most `mb` MiB of target KV in the prefix cache (0: off); what it held is dropped."""
+        self.prefix_cache = PrefixCache(int(mb) << 20)
 
     @property
     def verify_head(self) -> bool:

@@ -1,9 +1,10 @@
 """The Scheduler: continuous batching over speculative rounds.
 
-Requests wait in a queue and join the running batch between rounds. Each step admits waiting
-requests (their prefill) or runs one round over the batch (runtime/rounds.py: plain, chain or
-tree), as the planner (runtime/planning.py) decides, then emits each row's new text and drops
-rows that finished.
+Requests wait in a queue and join the running batch between rounds. Each step prefills one chunk
+of admitted requests (runtime/prefill.py; the prefix cache, runtime/prefix_cache.py, supplies what
+it already holds of their prompts) and runs one round over the batch (runtime/rounds.py: plain,
+chain or tree), as the planner (runtime/planning.py) decides, then emits each row's new text and
+drops rows that finished.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from .adaptive import RoundRecord
 from .drafters.base import DraftPlan
 from .kv_cache import KVCache
 from .planning import Planner, make_planner
-from .verifier import Verdict
+from .prefill import Prefill
+from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
 from .state import Batch, Request
 from .stats import RunStats
-from .step import pad_right
 
 if TYPE_CHECKING:
     from .model import SpecModel
@@ -42,13 +43,15 @@ class StreamEvent:
     stats: dict | None = None  # the request's speculation stats, on its last event
     logprobs: list | None = None  # per token of token_ids: (token, logprob, [(alternative, logprob)]) when asked
     prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's (the first token's logprob None)
+    cached_tokens: int | None = None  # prompt tokens the prefix cache supplied, on the request's first event
 
 
 class Scheduler:
     """Continuous batching: requests wait in a queue and join the running batch between rounds.
 
     `submit` may be called from any thread; `step` from one thread at a time. Each step
-    prefills the waiting requests that fit in max_batch, then runs one round over the batch.
+    prefills a chunk of the requests admitted into free rows (up to max_batch), then runs one round
+    over the batch.
     """
 
     def __init__(self, model: "SpecModel", speculative: bool = True, k: int | str | None = None,
@@ -83,6 +86,7 @@ class Scheduler:
         self.k = self.planner.k_max
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
+        self.prefilling: Prefill | None = None  # requests admitted whose prompts are still being prefilled
         self.stats = RunStats()
         self.last_round: RoundRecord | None = None  # the latest decode round (adaptive policy, server metrics)
         self._cancelled: set[int] = set()
@@ -111,19 +115,32 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting) or self.batch is not None
+        return bool(self.waiting) or self.batch is not None or self.prefilling is not None
 
     def step(self) -> list[StreamEvent]:
-        """Admit waiting requests, or run one round; return what it generated.
+        """Prefill the next chunk of admitted requests, then run one round over the batch; return what it generated.
 
-        A step that admitted requests returns their first tokens at once (the round follows in the
-        next step), so time to first token is the prefill's, not the prefill's plus a round's."""
+        Waiting requests are admitted when no prefill is under way (runtime/prefill.py). A long prompt
+        prefills one chunk per step, and the running batch gets a round after each chunk, so its rows
+        keep producing tokens. A step whose prefill finished returns the new rows' first tokens at once
+        (the round follows in the next step), so time to first token is the prefill's, not the prefill's
+        plus a round's."""
         start = time.perf_counter()
         self.last_round = None
         events = self._drop_cancelled()
-        admitted = self._admit()
-        events += admitted
-        if self.batch is not None and not admitted:
+        if self.prefilling is None:
+            self.prefilling = self._admit()
+        joined = False
+        if self.prefilling is not None:
+            began = time.perf_counter()
+            # beside decoding rows a smaller chunk, so that their time between tokens stays near a round's
+            chunk = self.model.prefill_chunk
+            self.prefilling.step(chunk if self.batch is None else min(chunk, self.model.interleave_chunk))
+            self.stats.prefill_seconds += time.perf_counter() - began
+            if self.prefilling.done:
+                events += self._join(self.prefilling)
+                self.prefilling, joined = None, True
+        if self.batch is not None and not joined:
             events += self._round(self.batch)
         self.stats.seconds += time.perf_counter() - start
         return events
@@ -157,26 +174,51 @@ class Scheduler:
                 seq.stats.record(d, n, result.source)
 
     def prefill(self, requests: list[Request]) -> tuple[Batch, list[list[int]]]:
-        """Run the prompts through the target (and drafter); returns their batch and each row's first token."""
-        batch, first, _ = self._prefill(requests)
-        return batch, first
-
-    def _prefill(self, requests: list[Request]) -> tuple[Batch, list[list[int]], Verdict]:
-        """`prefill`, with its verdict (the logprobs of rows that asked for them)."""
+        """Run the prompts through the target (and drafter) at once; returns their batch and each row's first token."""
         start = time.perf_counter()
-        ids, lengths = pad_right([r.prompt for r in requests], self.model.device)
-        cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
-        cache.ensure(int(lengths.max()) + self.lookahead + 1)
-        batch = Batch(requests, cache)
-        rows = (lengths - 1)[:, None]
-        if any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests):  # echo: every prompt row
-            rows = torch.minimum(torch.arange(ids.shape[1], device=ids.device)[None, :], rows)
-        verdict = self.verifier.next_token(cache, ids, rows, batch.params, batch.noise(1)[:, 0])
-        cache.commit(verdict.new_k, verdict.new_v, lengths)
-        if self.speculative:
-            self.drafter.prefill(batch, ids, lengths, verdict)
+        prefill = self._start_prefill(requests)
+        prefill.run()
+        batch = self._finish_prefill(prefill)
         self.stats.prefill_seconds += time.perf_counter() - start
-        return batch, [[t] for t in verdict.next_token.tolist()], verdict
+        return batch, [[t] for t in prefill.next_token]
+
+    def _start_prefill(self, requests: list[Request]) -> Prefill:
+        """A batch for these requests whose cache starts with what the prefix cache holds of each prompt."""
+        lengths = [len(r.prompt) for r in requests]
+        cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
+        cache.ensure(max(lengths) + self.lookahead + 1)
+        echo = any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests)
+        prefix = self.model.prefix_cache if self._prefix_cache_usable and not echo else None  # echo reads every prompt row
+        cached = []
+        for b, r in enumerate(requests):
+            blocks = prefix.match(r.prompt) if prefix is not None else []
+            for i, (k, v) in enumerate(blocks):
+                cache.k[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = k
+                cache.v[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = v
+            r.cached_tokens = len(blocks) * PREFIX_BLOCK
+            cached.append(r.cached_tokens)
+        cache.lengths[:] = torch.tensor(cached, dtype=torch.long)
+        return Prefill(self.verifier, Batch(requests, cache), self.model.prefill_chunk, cached)
+
+    def _finish_prefill(self, prefill: Prefill) -> Batch:
+        """Hand the prefilled prompts to the drafter and the prefix cache."""
+        batch = prefill.batch
+        if self.speculative:
+            ids, lengths = prefill.prompt_tensors()
+            self.drafter.prefill(batch, ids, lengths, prefill.verdict())
+        self._store_prefixes(batch, range(len(batch.seqs)))
+        return batch
+
+    @property
+    def _prefix_cache_usable(self) -> bool:
+        return self.model.prefix_cache.enabled and not (self.speculative and self.drafter.prompt_features)
+
+    def _store_prefixes(self, batch: Batch, rows) -> None:
+        """Offer these rows' committed KV (prompt and generated tokens) to the prefix cache."""
+        if self._prefix_cache_usable:
+            for b in rows:
+                n = int(batch.cache.lengths[b])
+                self.model.prefix_cache.store(batch.seqs[b].tokens[:n], batch.cache.k[:, b, :, :n], batch.cache.v[:, b, :, :n])
 
     # -- joining and leaving ----------------------------------------------------------------
     def _finished(self, seq: Request) -> None:
@@ -188,6 +230,9 @@ class Scheduler:
         """Remove cancelled requests from the queue and their rows from the batch."""
         with self._lock:
             cancelled, self._cancelled = self._cancelled, set()
+            if self.prefilling is not None:  # rows being prefilled leave once they join the batch
+                held = {s.index for s in self.prefilling.batch.seqs} & cancelled
+                cancelled, self._cancelled = cancelled - held, held
             gone = [s for s in self.waiting if s.index in cancelled]
             self.waiting = deque(s for s in self.waiting if s.index not in cancelled)
         if cancelled and self.batch is not None:
@@ -203,15 +248,28 @@ class Scheduler:
             gone += running
         return [StreamEvent(s.index, "", [], True, "cancelled", s.stats.to_dict()) for s in gone]
 
-    def _admit(self) -> list[StreamEvent]:
-        """Prefill waiting requests into free rows; emit their first tokens."""
+    def _admit(self) -> Prefill | None:
+        """Start prefilling waiting requests into free rows: several short prompts together (one pass),
+        or one prompt longer than a prefill chunk alone (its chunks interleave with the batch's rounds)."""
         with self._lock:
             room = self.max_batch - (len(self.batch.seqs) if self.batch else 0)
-            requests = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-        if not requests:
-            return []
-        batch, first, verdict = self._prefill(requests)
-        events = self._advance(batch, first, verdict.logprobs, verdict.prompt_logprobs)
+            requests = []
+            while self.waiting and len(requests) < room:
+                long = len(self.waiting[0].prompt) > self.model.prefill_chunk
+                if long and requests:
+                    break
+                requests.append(self.waiting.popleft())
+                if long:
+                    break
+        return self._start_prefill(requests) if requests else None
+
+    def _join(self, prefill: Prefill) -> list[StreamEvent]:
+        """Prefilled rows emit their first tokens and join the running batch."""
+        batch = self._finish_prefill(prefill)
+        cached = {s.index: s.cached_tokens for s in batch.seqs}
+        events = self._advance(batch, [[t] for t in prefill.next_token], prefill.logprobs, prefill.prompt_logprobs)
+        for ev in events:
+            ev.cached_tokens = cached.get(ev.index)
         if batch.seqs:
             if self.batch is None:
                 self.batch = batch
@@ -252,6 +310,7 @@ class Scheduler:
                                           prompt_logprobs[b] if prompt_logprobs else None))
             if done:
                 self.stats.speculation.merge(seq.stats)
+                self._store_prefixes(batch, [b])
                 self._finished(seq)
             else:
                 keep.append(b)

@@ -33,6 +33,7 @@ class Request:
     stats: RowStats = field(default_factory=RowStats)
     rule: RowRule | None = None  # penalties, logit_bias, grammar, logprobs (runtime/rules.py)
     draft_memo: dict = field(default_factory=dict)  # what a drafter keeps for this request whatever batch it is in
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def tokens(self) -> list[int]:

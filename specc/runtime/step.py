@@ -16,6 +16,9 @@ def pad_right(rows: list[list[int]], device, pad: int = 0) -> tuple[torch.Tensor
     return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
 
 
+DEFAULT_CHUNK = 256  # prompt tokens per prefill pass (SpecModel.prefill_chunk): linear prefill, bounded masks
+INTERLEAVE_CHUNK = 32  # per pass while other rows decode: on a CPU a pass costs about its tokens, so small
+
 TOKEN_AXIS = {"new_k": 3, "new_v": 3, "features": 1}  # outputs with one entry per new token
 LOGIT_AXIS = {"logits": 1, "exit_logits": 1}  # outputs with one entry per logit_index row (the LM head's pass)
 

@@ -19,9 +19,11 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
           api_key: str | None = None, k: int | str | None = "auto", speculative: bool = True,
           max_batch: int | None = None, max_queue: int = 256, verify: bool = True,
           expect_id: str | None = None, trust_code: bool = False, chat_template: str | Path | None = None,
-          shutdown_timeout: float = 20.0, max_body_mb: float = 8.0, warm: list[str] | None = None) -> None:
+          shutdown_timeout: float = 20.0, max_body_mb: float = 8.0, warm: list[str] | None = None,
+          prefix_cache_mb: int | None = None, prefill_chunk: int | None = None) -> None:
     """Load a bundle and serve it until SIGTERM or Ctrl-C, then drain (`DrainingServer`); warm: earlier
-    outputs for a suffix drafter's cache."""
+    outputs for a suffix drafter's cache; prefix_cache_mb: the prefix cache's budget (None: the runtime's
+    default, 0: off); prefill_chunk: prompt tokens per prefill pass."""
     try:
         import uvicorn
 
@@ -46,6 +48,10 @@ def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name
             from ..runtime.model import warm_from as warm_model
 
             warm_model(model, warm, log=logging.getLogger("uvicorn.error").info)
+        if prefix_cache_mb is not None:
+            model.set_prefix_cache_mb(prefix_cache_mb)
+        if prefill_chunk is not None:
+            model.prefill_chunk = prefill_chunk
         if template is not None:
             model.set_chat_template(template, f"--chat-template {chat_template}")
         app = create_app(model, name=name, k=k, speculative=speculative, max_batch=max_batch, max_queue=max_queue,

@@ -288,7 +288,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     yield json.dumps(reply.chunk([choice(position, text, ev.finish_reason, reply.chat, True,
                                                          logprobs=logprobs)]))
             if include_usage:
-                yield json.dumps(reply.chunk([], usage(reply.prompt_tokens, reply.completion_tokens)))
+                yield json.dumps(reply.chunk([], reply.usage()))
             yield "[DONE]"
         finally:
             state.jobs.pop(id(reply.job), None)
@@ -355,6 +355,7 @@ class Reply:
         self.texts = [""] * len(job.indices)
         self.reasons: list[str | None] = [None] * len(job.indices)
         self.completion_tokens = 0
+        self.cached = [0] * len(job.indices)  # prompt tokens the prefix cache supplied, per choice
         self.last_token_at: float | None = None
         self.open = len(job.indices)
         metrics.prompt_tokens.inc(prompt_tokens)
@@ -366,6 +367,8 @@ class Reply:
     def add(self, ev: StreamEvent) -> tuple[int, StreamEvent]:
         now = time.perf_counter()
         i = self.position[ev.index]
+        if ev.cached_tokens is not None:
+            self.cached[i] = ev.cached_tokens
         if not self.job.events_streamed:
             text, logprobs = self.piece(i, ev)
             self.texts[i] += text
@@ -410,11 +413,15 @@ class Reply:
         obj, self.offsets[i] = logprobs_object(entries, self.tokenizer, self.chat, self.offsets[i])
         return text, obj
 
+    def usage(self) -> dict:
+        """Tokens as OpenAI counts them: each prompt once (not once per n), its cached part as its first choice's."""
+        return usage(self.prompt_tokens, self.completion_tokens, sum(self.cached[::self.job.n]))
+
     def chunk(self, choices: list[dict], use: dict | None = None) -> dict:
         return completion_object(self.id, self.model, choices, use, chunk=True, chat=self.chat)
 
     def whole(self) -> dict:
         choices = [choice(i, t, r, self.chat, False, logprobs=lp)
                    for i, (t, r, lp) in enumerate(zip(self.texts, self.reasons, self.pieces))]
-        return completion_object(self.id, self.model, choices, usage(self.prompt_tokens, self.completion_tokens),
+        return completion_object(self.id, self.model, choices, self.usage(),
                                  chunk=False, chat=self.chat)

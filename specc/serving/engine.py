@@ -130,6 +130,7 @@ class AsyncEngine(EngineThread):
 
     def after_round(self) -> None:
         self._count_admitted()
+        self.metrics.observe_prefix_cache(self.model.prefix_cache)
         if self.scheduler.last_round is not None:
             self.metrics.observe_round(self.scheduler.last_round, self.queue_depth)
             self.scheduler.last_round = None

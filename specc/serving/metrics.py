@@ -48,6 +48,14 @@ class Metrics:
             self.accepted_per_pos.labels(position=str(pos))
         self.k = Histogram("specc:spec_decode_k", "draft tokens asked for per round (0: plain decoding)",
                            buckets=tuple(range(k_max + 1)), registry=r)
+        self.prefix_queries = Counter("specc:prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("specc:prefix_cache_hits", "prompt tokens found in the prefix cache (their "
+                                   "prefill skipped)", registry=r)
+        self.prefix_bytes = Gauge("specc:prefix_cache_bytes", "bytes of KV the prefix cache holds", registry=r)
+        self.prefix_budget = Gauge("specc:prefix_cache_budget_bytes", "the prefix cache's budget (--prefix-cache-mb)",
+                                   registry=r)
+        self._prefix_seen: tuple[int, int, int] = (0, 0, 0)  # (cache id, queries, hits) already counted
         self._window: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
 
@@ -81,6 +89,17 @@ class Metrics:
                 self.accepted_tokens.inc(n)
                 for pos in range(n):
                     self.accepted_per_pos.labels(position=str(pos)).inc()
+
+    def observe_prefix_cache(self, cache) -> None:
+        """Bring the prefix-cache counters up to the cache's own (engine thread; a new cache starts from 0)."""
+        seen_id, queries, hits = self._prefix_seen
+        if seen_id != id(cache):
+            queries = hits = 0
+        self.prefix_queries.inc(max(0, cache.queries - queries))
+        self.prefix_hits.inc(max(0, cache.hits - hits))
+        self._prefix_seen = (id(cache), cache.queries, cache.hits)
+        self.prefix_bytes.set(cache.bytes)
+        self.prefix_budget.set(cache.budget_bytes)
 
     def observe_tokens(self, n: int) -> None:
         self.generation_tokens.inc(n)

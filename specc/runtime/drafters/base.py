@@ -20,7 +20,7 @@ from ...methods import DraftMethod, get_method
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch
-from ..step import StepRunner
+from ..step import DEFAULT_CHUNK, StepRunner
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,7 @@ class Drafter(Priced):
 
     kind = "drafter"
     method: DraftMethod
+    prompt_features = False  # prefill hands it the target's features of every prompt token (no prefix cache then)
 
     @classmethod
     def build(cls, ctx: DraftContext) -> "Drafter":
@@ -158,7 +159,11 @@ def with_method(drafter: Drafter, name: str) -> Drafter:
 
 
 class GraphDrafter(Drafter):
-    """A drafter that runs one draft graph of its bundle (a draft model, early-exit layers or a learned head)."""
+    """A drafter that runs one draft graph of its bundle (a draft model, early-exit layers or a learned head).
+
+    prefill_chunk: most tokens per row it enters in one pass (SpecModel.prefill_chunk sets it)."""
+
+    prefill_chunk = DEFAULT_CHUNK
 
     def __init__(self, step: StepRunner, max_context: int):
         self.step, self.max_context = step, max_context

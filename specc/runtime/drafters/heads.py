@@ -104,6 +104,7 @@ class EagleDrafter(GraphDrafter):
     confidence within the node budget (dynamic) or along static paths."""
 
     kind = "eagle"
+    prompt_features = True  # its cache holds an entry per prompt token, built from the target's features
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -118,21 +119,30 @@ class EagleDrafter(GraphDrafter):
 
     def _enter(self, batch: Batch, room: int):
         """Enter every row's pending entries (kept); returns the logits [B, 1, V] and hidden [B, 1, H] of
-        each row's last entry, whose token is the row's pending token."""
+        each row's last entry, whose token is the row's pending token. A prompt's entries go in chunks of
+        prefill_chunk (a row whose entries are done rides along on a dummy entry, committing nothing)."""
         cache: EagleCache = batch.draft_state
         starts = cache.lengths.tolist()
-        ids, n_feed = pad_right([s.tokens[j + 1:j + 1 + len(t)] for s, j, t in zip(batch.seqs, starts, cache.todo)],
-                                cache.lengths.device)
-        feats = torch.zeros(ids.shape[0], ids.shape[1], cache.todo[0].shape[-1], dtype=cache.todo[0].dtype,
-                            device=ids.device)
-        for b, t in enumerate(cache.todo):
-            feats[b, :len(t)] = t
-        cache.ensure(max(starts) + ids.shape[1] + room)
-        last = (n_feed - 1)[:, None]
-        logits, hidden, new_k, new_v = self.step(ids, cache, logit_index=last, features=feats)
-        cache.commit(new_k, new_v, n_feed)
+        ids_of = [s.tokens[j + 1:j + 1 + len(t)] for s, j, t in zip(batch.seqs, starts, cache.todo)]
+        width = max(len(r) for r in ids_of)
+        cache.ensure(max(starts) + width + room)
+        logits = hidden = None
+        for lo in range(0, width, self.prefill_chunk):
+            parts = [r[lo:lo + self.prefill_chunk] for r in ids_of]
+            ids, n_feed = pad_right([p or r[-1:] for p, r in zip(parts, ids_of)], cache.lengths.device)
+            feats = torch.zeros(ids.shape[0], ids.shape[1], cache.todo[0].shape[-1], dtype=cache.todo[0].dtype,
+                                device=ids.device)
+            for b, t in enumerate(cache.todo):
+                feats[b, :len(parts[b])] = t[lo:lo + len(parts[b])]
+            last = (n_feed - 1)[:, None]
+            out, out_hidden, new_k, new_v = self.step(ids, cache, logit_index=last, features=feats)
+            cache.commit(new_k, new_v, torch.tensor([len(p) for p in parts], device=cache.lengths.device))
+            out_hidden = torch.gather(out_hidden, 1, last[:, :, None].expand(-1, -1, out_hidden.shape[-1]))
+            ends = torch.tensor([lo < len(r) <= lo + self.prefill_chunk for r in ids_of], device=ids.device)
+            logits = out if logits is None else torch.where(ends[:, None, None], out, logits)
+            hidden = out_hidden if hidden is None else torch.where(ends[:, None, None], out_hidden, hidden)
         cache.todo = [t[:0] for t in cache.todo]
-        return logits, torch.gather(hidden, 1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return logits, hidden
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         cache: EagleCache = batch.draft_state

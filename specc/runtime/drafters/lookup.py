@@ -101,6 +101,10 @@ class LookupFirstDrafter(Drafter):
         match length in hand, since a short match is accepted far less often than a long one."""
         return {"model": self.model, LOOKUP: self.lookup}
 
+    @property
+    def prompt_features(self) -> bool:
+        return self.model.prompt_features
+
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         self.model.prefill(batch, ids, lengths, verdict)
 

@@ -58,11 +58,14 @@ class ModelDrafter(GraphDrafter):
         lag = self.behind(batch)
         rows = [b for b, d in enumerate(lag) if d and (warm or lengths[b] > 0)]
         if rows:
-            sub = cache.take(rows)
-            feed, n_feed = pad_right([batch.seqs[b].tokens[lengths[b]:-1] for b in rows], cache.lengths.device)
-            sub.ensure(int(sub.lengths.max()) + feed.shape[1])
-            _, new_k, new_v = self.step(feed, sub, logit_index=torch.zeros_like(n_feed)[:, None])
-            sub.commit(new_k, new_v, n_feed)
+            sub, todo = cache.take(rows), [batch.seqs[b].tokens[lengths[b]:-1] for b in rows]
+            width = max(len(t) for t in todo)
+            sub.ensure(int(sub.lengths.max()) + width)
+            for lo in range(0, width, self.prefill_chunk):  # a long prompt in chunks, like the target's prefill
+                parts = [t[lo:lo + self.prefill_chunk] for t in todo]
+                feed, _ = pad_right([p or t[-1:] for p, t in zip(parts, todo)], cache.lengths.device)
+                _, new_k, new_v = self.step(feed, sub, logit_index=torch.zeros(len(rows), 1, dtype=torch.long))
+                sub.commit(new_k, new_v, torch.tensor([len(p) for p in parts]))
             cache.put(rows, sub)
         return cold, sum(lag[b] for b in rows)
 

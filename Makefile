@@ -27,6 +27,8 @@ demo: $(BIN)/python
 # --dist loadfile: a test file's tests share one worker, so its module fixtures (compiled bundles) are built once
 test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# xgrammar's own dependencies include triton (about 1 GB) for its GPU kernels, which the CPU tests never load
+	$(BIN)/python -m pip install -q --no-deps 'xgrammar>=0.2,<0.3'
 	$(BIN)/python -m ruff check .
 	-$(MAKE) --no-print-directory triton-env
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15

@@ -25,3 +25,10 @@ class FlippingK(AdaptiveK):
         self.stop_below = next(self.thresholds) if k and self.arm in self.stop_arms else 0.0
         self.chosen.append(k)
         return k
+
+
+def admit(scheduler) -> list:
+    """Prefill the requests the scheduler admits next, whole, and let them join its batch; their first events."""
+    prefill = scheduler._admit()
+    prefill.run()
+    return scheduler._join(prefill)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specc
-from adaptive_helpers import FlippingK
+from adaptive_helpers import FlippingK, admit
 from lossless_checks import small_vocab_bundle
 from specc.errors import RequestError
 from specc.runtime.adaptive import AdaptiveK
@@ -60,7 +60,7 @@ def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:4])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
-    scheduler._admit()
+    admit(scheduler)
     batch = scheduler.batch
     lag = scheduler.drafter.behind(batch)
     assert lag == [len(s.tokens) - 1 for s in batch.seqs] and min(lag) > 0
@@ -76,7 +76,7 @@ def test_lookup_in_front_owes_nothing_where_lookup_drafts_every_row(bundles, pro
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:2])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
-    scheduler._admit()
+    admit(scheduler)
     batch, drafter = scheduler.batch, scheduler.drafter
     lag = drafter.model.behind(batch)
     assert min(lag) > 0
@@ -143,7 +143,7 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     scheduler = Scheduler(model, k="auto")
     for i, ids in enumerate(model.encode(prompts[:10])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
-    done = {e.index: list(e.token_ids) for e in scheduler._admit()}
+    done = {e.index: list(e.token_ids) for e in admit(scheduler)}
     assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
     assert max(len(s.prompt) for s in scheduler.batch.seqs) > 16  # longer than a catch-up
     probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, warm=False))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import specc
+from adaptive_helpers import admit
 from specc.runtime.drafters import DraftPlan
 from specc.runtime.scheduler import Scheduler
 
@@ -15,7 +16,7 @@ def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
     scheduler = Scheduler(model, k=4)
     for i, ids in enumerate(model.encode(prompts[:2])):
         scheduler.submit(model.new_request(i, ids, 20, model.sampling_params(), i, k=scheduler.lookahead))
-    scheduler._admit()
+    admit(scheduler)
     batch, drafter = scheduler.batch, scheduler.drafter
     first, second = batch.seqs
     first.out.extend(first.prompt[:3])  # ends by repeating its own first tokens

@@ -188,7 +188,8 @@ def build_engine(trt, onnx_path: Path, options: LowerOptions, timing_cache: byte
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strongly_typed else 0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
-        raise TensorRTBuildError(parser_errors(parser, onnx_path))
+        raise TensorRTBuildError(f"TensorRT's ONNX parser rejected {onnx_path.parent.name}/{onnx_path.name}:",
+                                 details=parser_errors(parser, onnx_path))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.tensorrt.workspace_mb << 20)
     config.builder_optimization_level = options.tensorrt.optimization_level
@@ -214,8 +215,8 @@ def build_engine(trt, onnx_path: Path, options: LowerOptions, timing_cache: byte
     return bytes(plan), bytes(config.get_timing_cache().serialize())
 
 
-def parser_errors(parser, onnx_path: Path) -> str:
-    """Every error of a failed parse, each with its node and where that node came from."""
+def parser_errors(parser, onnx_path: Path) -> list[str]:
+    """Every error of a failed parse, one line each, with its node and where that node came from."""
     import onnx
 
     nodes = list(onnx.load(str(onnx_path), load_external_data=False).graph.node)
@@ -226,8 +227,8 @@ def parser_errors(parser, onnx_path: Path) -> str:
         name = err.node_name() if hasattr(err, "node_name") else ""
         node = by_name.get(name) or (nodes[err.node()] if 0 <= err.node() < len(nodes) else None)
         where = f"node {node.name!r} ({node.op_type}) from {origin(node)}" if node is not None else "the graph"
-        lines.append(f"  {where}: {err.code()}: {err.desc()}")
-    return f"TensorRT's ONNX parser rejected {onnx_path.parent.name}/{onnx_path.name}:\n" + "\n".join(lines)
+        lines.append(f"{where}: {err.code()}: {err.desc()}")
+    return lines
 
 
 BACKEND = TensorRTBackend()

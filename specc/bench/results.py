@@ -302,5 +302,5 @@ def report(results_files: list[Path], write: list[Path] = (), check: list[Path] 
                     line = text.count("\n", 0, old.start()) + 1
                     stale.append(f"{md}:{line}: region '{kind}:{old['spec']}' disagrees with what it is rendered from")
     if stale:
-        raise SpeccError("\n".join(stale) + "\nrun `specc report docs/results/*.json --write FILE...` to re-render")
+        raise SpeccError(stale[0], details=stale[1:] + ["run `specc report docs/results/*.json --write FILE...` to re-render"])
     return 0

@@ -15,7 +15,7 @@ from ..bundle import Bundle, open_bundle
 from ..errors import RequestError, SpeccError, escape_control
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
-from .drafters import DraftContext, build_drafter
+from .drafters import DraftContext, LookupFirstDrafter, build_drafter
 from .grammar import Grammars, schema_text
 from .rules import RowRule, Rules
 from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
@@ -114,13 +114,15 @@ class SpecModel:
     @property
     def lookup_first(self) -> bool:
         """Prompt lookup drafts first, the draft model where it finds nothing (recipe draft.lookup)."""
-        return self.drafter is not None and self.bundle.manifest.recipe.draft.lookup
+        return isinstance(self.drafter, LookupFirstDrafter)
 
     @property
     def draft_label(self) -> str:
         """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter, 'model+suffix'
         for the suffix drafter in front of a draft model."""
-        suffix = self.drafter is not None and self.bundle.manifest.recipe.draft.suffix
+        from .drafters.suffix import SuffixFirstDrafter
+
+        suffix = isinstance(self.drafter, SuffixFirstDrafter)
         return self.draft_method + ("+lookup" if self.lookup_first else "") + ("+suffix" if suffix else "")
 
     @property

@@ -78,6 +78,20 @@ class Proposal:
         return cls(tokens, q, torch.zeros(len(batch.seqs), dtype=torch.long, device=device), source, info)
 
 
+def one_hot_proposal(drafts: list[list[int]], classes: list[int], params: RowParams, vocab: int, device,
+                     source: str) -> Proposal:
+    """Rows' drafts as a Proposal: tokens right-padded, one-hot q for sampled rows, each row's class."""
+    width = max((len(d) for d in drafts), default=0)
+    tokens = torch.zeros(len(drafts), width, dtype=torch.long, device=device)
+    for b, d in enumerate(drafts):
+        tokens[b, :len(d)] = torch.tensor(d, dtype=torch.long)
+    lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
+    q = None
+    if not params.all_greedy:
+        q = torch.zeros(len(drafts), width, vocab, device=device).scatter_(-1, tokens[..., None], 1.0)
+    return Proposal(tokens, q, lengths, source, DraftInfo(classes=classes))
+
+
 @dataclass
 class DraftContext:
     """What a drafter may take from its bundle when it is built."""

@@ -8,7 +8,7 @@ import torch
 from ...speculation.sampling import RowParams
 from ..state import Batch
 from ..stats import LOOKUP
-from .base import DraftContext, DraftInfo, DraftPlan, Drafter, GraphDrafter, Proposal
+from .base import DraftContext, DraftPlan, Drafter, GraphDrafter, Proposal, one_hot_proposal
 
 
 class PromptLookupDrafter(Drafter):
@@ -61,16 +61,8 @@ class PromptLookupDrafter(Drafter):
     def drafts(self, matches: list[tuple[int, list[int]]], params: RowParams, device: torch.device) -> Proposal:
         """The proposal of each row's lookup (n, tokens): tokens [B, width], one-hot q (sampled rows), lengths,
         the matched n as each row's class."""
-        found = [f for _, f in matches]
-        width = max(len(f) for f in found)
-        draft = torch.zeros(len(found), width, dtype=torch.long, device=device)
-        for b, f in enumerate(found):
-            draft[b, : len(f)] = torch.tensor(f, dtype=torch.long)
-        lengths = torch.tensor([len(f) for f in found], dtype=torch.long, device=device)
-        q = None
-        if not params.all_greedy:
-            q = torch.zeros(len(found), width, self.vocab_size, device=device).scatter_(-1, draft[..., None], 1.0)
-        return Proposal(draft, q, lengths, self.source, DraftInfo(classes=[n if f else 0 for n, f in matches]))
+        return one_hot_proposal([f for _, f in matches], [n if f else 0 for n, f in matches], params, self.vocab_size,
+                                device, self.source)
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         tokens = batch.seqs[0].tokens

@@ -31,7 +31,7 @@ import torch
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch, Request
-from .base import DraftContext, DraftInfo, DraftPlan, Drafter, Proposal
+from .base import DraftContext, DraftPlan, Drafter, Proposal, one_hot_proposal
 from .suffix_index import (MAX_DEPTH, MIN_FRONT_MATCH, MIN_PROB, SOURCE, GlobalSuffixCache, Match, RowSuffix, SuffixIndex,
                            match_length)
 
@@ -196,20 +196,6 @@ def path_tree(root: int, path: list[int], vocab: int, device) -> DraftTree:
         tree.q[node][token] = 1.0
         node = tree.add(node, token, 0.0, 0)
     return tree
-
-
-def one_hot_proposal(drafts: list[list[int]], classes: list[int], params: RowParams, vocab: int, device,
-                     source: str) -> Proposal:
-    """Rows' drafts as a Proposal: tokens right-padded, one-hot q for sampled rows, each row's class."""
-    width = max((len(d) for d in drafts), default=0)
-    tokens = torch.zeros(len(drafts), width, dtype=torch.long, device=device)
-    for b, d in enumerate(drafts):
-        tokens[b, :len(d)] = torch.tensor(d, dtype=torch.long)
-    lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=device)
-    q = None
-    if not params.all_greedy:
-        q = torch.zeros(len(drafts), width, vocab, device=device).scatter_(-1, tokens[..., None], 1.0)
-    return Proposal(tokens, q, lengths, source, DraftInfo(classes=classes))
 
 
 class SuffixFirstDrafter(Drafter):

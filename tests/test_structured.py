@@ -28,9 +28,8 @@ SCHEMAS = [
 
 
 def _parse(text: str):
-    """JSON of a constrained output. xgrammar's JSON strings admit raw control characters (which RFC 8259
-    wants escaped), and random byte-level models pick them; docs/serving.md names the gap."""
-    return json.loads(text, strict=False)
+    """JSON of a constrained output, parsed strictly: no raw control characters inside strings (RFC 8259)."""
+    return json.loads(text)
 
 
 @pytest.fixture(scope="module")
@@ -361,3 +360,14 @@ def test_generate_cli_takes_a_json_schema_file(bundles, tmp_path, capsys):
     assert set(_parse(out["completions"][0])) == {"ok", "n"}
     schema.write_text("[1, 2]")
     assert main(["generate", str(bundles["draft"]), "--prompt", "hi", "--json-schema", str(schema)]) == 2
+
+
+def test_tokens_with_control_characters_are_masked_in_json():
+    """The grammar's masks also forbid tokens holding a raw control character (JSON strings may not
+    contain one unescaped); a stop token stays allowed whatever its bytes."""
+    from specc.runtime.grammar import printable_mask
+
+    vocab = [b"a", b"\x01", b"b\nc", b"\t", b"{", b"\x00", b"ok"] + [b"x"] * 30
+    mask = printable_mask(vocab, len(vocab), eos_ids=[5])
+    bits = [bool((int(mask[i // 32]) >> (i % 32)) & 1) for i in range(len(vocab))]
+    assert bits[:7] == [True, False, False, False, True, True, True] and all(bits[7:])

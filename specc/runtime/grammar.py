@@ -32,6 +32,7 @@ class Grammars:
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.eos_ids)
             self._compiler = xgr.GrammarCompiler(info)
+            self._printable = printable_mask(info.decoded_vocab, self.vocab_size, self.eos_ids)
         return self._compiler
 
     def compile(self, schema: str):
@@ -53,10 +54,48 @@ class Grammars:
                 self._cache[schema] = grammar
             return self._cache[schema]
 
-    def matcher(self, schema: str):
+    def matcher(self, schema: str) -> "CompactJsonMatcher":
         import xgrammar as xgr
 
-        return xgr.GrammarMatcher(self.compile(schema))
+        grammar = self.compile(schema)
+        return CompactJsonMatcher(xgr.GrammarMatcher(grammar), self._printable)
+
+
+def printable_mask(decoded_vocab: list[bytes], vocab_size: int, eos_ids: list[int]):
+    """A token bitmask (int32 [ceil(V / 32)], xgrammar's layout) of the tokens whose bytes hold no control
+    character (0x00-0x1f); stop tokens and ids past the tokenizer's vocabulary stay allowed."""
+    import numpy as np
+    import torch
+
+    allowed = np.ones(-(-vocab_size // 32) * 32, dtype=bool)
+    for i, text in enumerate(decoded_vocab[:vocab_size]):
+        allowed[i] = not any(b < 0x20 for b in text)
+    allowed[[i for i in eos_ids if 0 <= i < vocab_size]] = True
+    words = np.packbits(allowed.reshape(-1, 32), axis=1, bitorder="little").view("<u4")[:, 0]
+    return torch.from_numpy(words.astype(np.uint32).view(np.int32).copy())
+
+
+class CompactJsonMatcher:
+    """An xgrammar matcher whose masks also forbid tokens holding a raw control character. The grammars
+    here are compact JSON (no free whitespace), where JSON allows none, but xgrammar's string rule admits
+    them, and a strict parser refuses the result. The extra mask is part of the constraint the target is
+    decoded under, applied alike to drafts and verification, so speculation stays exact."""
+
+    def __init__(self, matcher, printable):
+        self._m, self._printable = matcher, printable
+
+    def fill_next_token_bitmask(self, bitmask, index: int = 0) -> None:
+        self._m.fill_next_token_bitmask(bitmask, index)
+        bitmask[index] &= self._printable
+
+    def accept_token(self, token: int) -> bool:
+        return self._m.accept_token(token)
+
+    def rollback(self, n: int) -> None:
+        self._m.rollback(n)
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
 
 
 def schema_text(schema) -> str:

@@ -1,6 +1,7 @@
 """ONNX passes: rewrites of a backend's exported ONNX graph, one per module, run in an explicit order."""
 from __future__ import annotations
 
+from ..passes.base import describe_contracts
 from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .fold_weight_transposes import FoldWeightTransposes
@@ -28,12 +29,7 @@ ALL_ONNX_PASSES: list[type[OnnxPass]] = [FoldWeightTransposes, QuantizeMatMulNBi
 
 def describe_onnx_passes() -> str:
     """Every ONNX pass with its contract, for `specc passes`."""
-    lines = []
-    for cls in ALL_ONNX_PASSES:
-        lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
-        lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
-    return "\n".join(lines)
+    return describe_contracts(ALL_ONNX_PASSES)
 
 
 __all__ = ["ALL_ONNX_PASSES", "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",

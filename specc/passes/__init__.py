@@ -5,7 +5,7 @@ from ..methods import get_method
 from ..recipe import Recipe
 from .add_early_exit import AddEarlyExit
 from .add_feature_outputs import AddFeatureOutputs
-from .base import GraphPass, PassContractError
+from .base import GraphPass, PassContractError, describe_contracts
 from .insert_verify_head import InsertVerifyHead
 from .replace_causal_mask import ReplaceCausalMask
 from .truncate_to_exit import TruncateToExit
@@ -35,12 +35,7 @@ def build_pipeline(recipe: Recipe, role: str, hidden_size: int, head=None) -> li
 
 def describe_passes() -> str:
     """Every pass with its contract, for `specc passes`."""
-    lines = []
-    for cls in ALL_PASSES:
-        lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
-        lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
-    return "\n".join(lines) if lines else "no passes registered"
+    return describe_contracts(ALL_PASSES)
 
 
 ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, AddFeatureOutputs, ReplaceCausalMask, InsertVerifyHead]

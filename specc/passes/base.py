@@ -73,3 +73,14 @@ def tag_new_nodes(graph: StepGraph, before: set, pass_name: str) -> None:
 
 class PassContractError(RuntimeError):
     """A pass ran on a graph that does not meet its contract (a pipeline-ordering bug)."""
+
+
+def describe_contracts(passes: list[type]) -> str:
+    """Each pass class with its first docstring line and its requires/ensures (`specc passes`); FX and ONNX
+    passes alike, whose contract entries carry a `doc`."""
+    lines = []
+    for cls in passes:
+        lines.append(f"{cls.name}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  requires: {', '.join(r.doc for r in cls.requires) or '-'}")
+        lines.append(f"  ensures:  {', '.join(e.doc for e in cls.ensures) or '-'}")
+    return "\n".join(lines) if lines else "no passes registered"

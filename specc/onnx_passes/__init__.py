@@ -1,7 +1,6 @@
 """ONNX passes: rewrites of a backend's exported ONNX graph, one per module, run in an explicit order."""
 from __future__ import annotations
 
-from ..passes.base import describe_contracts
 from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .fold_weight_transposes import FoldWeightTransposes
@@ -29,6 +28,8 @@ ALL_ONNX_PASSES: list[type[OnnxPass]] = [FoldWeightTransposes, QuantizeMatMulNBi
 
 def describe_onnx_passes() -> str:
     """Every ONNX pass with its contract, for `specc passes`."""
+    from ..passes.base import describe_contracts  # here, not at the top: importing the FX passes loads torch
+
     return describe_contracts(ALL_ONNX_PASSES)
 
 

@@ -260,3 +260,62 @@ def test_pipelines_run_in_order_and_every_pass_is_listed():
     assert facts["layers"] == {"rtn int4 block 32": 1} and facts["attention_float64"] == 0
     listing = describe_onnx_passes()
     assert all(f"{cls.name}: " in listing for cls in ALL_ONNX_PASSES)
+
+
+def stacked_cache_graph(layers: int = 3):
+    """y = sum over layers of k_cache[i] * (i + 1), plus Shape(k_cache)[1:2] and [0:1]: the uses a step graph
+    makes of its stacked cache."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, terms = [], [], []
+    for i in range(layers):
+        inits += [numpy_helper.from_array(np.array(i, np.int64), f"i{i}"),
+                  numpy_helper.from_array(np.array(i + 1, np.float32), f"w{i}")]
+        nodes += [helper.make_node("Gather", ["k_cache", f"i{i}"], [f"g{i}"], axis=0),
+                  helper.make_node("Mul", [f"g{i}", f"w{i}"], [f"t{i}"])]
+        terms.append(f"t{i}")
+    nodes += [helper.make_node("Sum", terms, ["y"]),
+              helper.make_node("Shape", ["k_cache"], ["batch"], start=1, end=2),
+              helper.make_node("Shape", ["k_cache"], ["lb"], start=0, end=2)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("k_cache", TensorProto.FLOAT, [layers, "b", 2, "s", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2, "s", 4]),
+         helper.make_tensor_value_info("batch", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("lb", TensorProto.INT64, [2])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_feed_cache_by_layer_gives_each_layer_its_own_input_and_keeps_the_numbers():
+    import onnxruntime as ort
+
+    from specc.backends.onnxruntime_backend import OrtRunner, abi_inputs
+    from specc.onnx_passes.feed_cache_by_layer import FeedCacheByLayer
+
+    model = stacked_cache_graph()
+    cache = np.random.default_rng(0).normal(size=(3, 2, 2, 5, 4)).astype(np.float32)
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"k_cache": cache})
+    assert FeedCacheByLayer()(model) == {"cache_by_layer": 3}
+    assert [i.name for i in model.graph.input] == ["k_cache.0", "k_cache.1", "k_cache.2"]
+    assert not [n for n in model.graph.node if n.op_type == "Gather"]
+    assert not [i for i in model.graph.initializer if i.name.startswith("i")]  # the layer numbers went with them
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names, kv, layers = abi_inputs(session.get_inputs())
+    assert names == ["k_cache"] and layers == {"k_cache": 3} and kv[:1] == [3]
+    import torch
+
+    after = OrtRunner(session, ["k_cache"], ["y", "batch", "lb"], layers)(torch.from_numpy(cache))
+    for want, got in zip(before, after):
+        np.testing.assert_array_equal(want, got.numpy())
+    assert FeedCacheByLayer()(model) == {}  # nothing stacked left: a second run changes nothing
+
+
+def test_feed_cache_by_layer_refuses_a_cache_read_another_way():
+    from onnx import helper
+
+    from specc.onnx_passes.feed_cache_by_layer import FeedCacheByLayer
+
+    model = stacked_cache_graph()
+    model.graph.node.append(helper.make_node("ReduceSum", ["k_cache"], ["whole"]))
+    with pytest.raises(OnnxPassContractError, match="feed_cache_by_layer requires"):
+        FeedCacheByLayer()(model)

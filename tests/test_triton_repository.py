@@ -73,6 +73,7 @@ def test_split_layout_native_engines(bundles, tmp_path):
     assert list(found) == ["spec", "spec_draft", "spec_target"]
     check_orchestrator(found["spec"], {"bundle": "bundle", "speculative": "true", "k": "3", "default_max_tokens": "64",
                                        "target_model": "spec_target", "draft_model": "spec_draft",
+                                       "target_cache_by_layer": "3", "draft_cache_by_layer": "2",
                                        "bundle_id": open_bundle(bundles["draft"]).id, "trust_code": "false"})
     manifest = json.loads((bundles["draft"] / "manifest.json").read_text())
     tokenizer = [rel for rel in manifest["files"] if rel.startswith("tokenizer/")]
@@ -82,9 +83,11 @@ def test_split_layout_native_engines(bundles, tmp_path):
         c, entry = found[f"spec_{role}"], manifest["graphs"][role]
         assert c.platform == "onnxruntime_onnx" and c.default_model_filename == "model.onnx" and c.max_batch_size == 0
         assert not c.HasField("model_transaction_policy")
-        assert [i.name for i in c.input] == ["input_ids", "position_ids", "cache_len", "logit_index", "k_cache", "v_cache"]
         L, H, D, V = (entry["model"][k] for k in ("n_layers", "n_kv_heads", "head_dim", "vocab_size"))
-        assert list(c.input[4].dims) == [L, -1, H, -1, D] and c.input[4].data_type == model_config_pb2.TYPE_FP32
+        # the engine takes its cache one input per layer (onnx_passes/feed_cache_by_layer.py)
+        assert [i.name for i in c.input] == ["input_ids", "position_ids", "cache_len", "logit_index",
+                                             *[f"k_cache.{n}" for n in range(L)], *[f"v_cache.{n}" for n in range(L)]]
+        assert list(c.input[4].dims) == [-1, H, -1, D] and c.input[4].data_type == model_config_pb2.TYPE_FP32
         assert [(o.name, list(o.dims)) for o in c.output] == [
             ("logits", [-1, -1, V]), ("new_k", [L, -1, H, -1, D]), ("new_v", [L, -1, H, -1, D])]
         check_files(repo / f"spec_{role}" / "1", bundles["draft"], [f"{role}/{f}" for f in entry["files"]],

@@ -6,6 +6,7 @@ import os
 import shutil
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from torch.export import ExportedProgram
 
 from ..hardware import usable_cores
 from ..onnx_passes import QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
+from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, FeedCacheByLayer, layer_input
 from ..onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from .base import LowerOptions, check_engine_matches, require_version
 from .onnx_export import export_onnx, fused_op_counts, opset_of
@@ -73,8 +75,9 @@ class OnnxRuntimeBackend:
                 shutil.copyfile(earlier / name, out_dir / name)
         else:
             export_onnx(program, path, input_names, output_names, OPSET)
+            feed_cache_by_layer(path)
         files = sorted(p.name for p in out_dir.iterdir())
-        entry, facts = FILE, {}
+        entry, facts = FILE, cache_layout(path)
         if options.weight_quant is not None:
             entry = NBITS_FILE
             facts["weight_quant"] = quantize_blocks(path, out_dir / entry, options.weight_quant)
@@ -105,11 +108,51 @@ class OnnxRuntimeBackend:
 
         so = session_options()
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
-        inputs = session.get_inputs()
-        kv = next((i.shape for i in inputs if i.name == "k_cache"), [])
-        check_engine_matches(entry, [i.name for i in inputs], [o.name for o in session.get_outputs()], kv,
+        names, kv, layers = abi_inputs(session.get_inputs())
+        check_engine_matches(entry, names, [o.name for o in session.get_outputs()], kv,
                              f"ONNX graph {graph_dir.name}/{entry['entry']}")
-        return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]))
+        return OrtRunner(session, [i["name"] for i in entry["inputs"]], list(entry["outputs"]), layers)
+
+
+def feed_cache_by_layer(path: Path) -> None:
+    """Give each layer its own cache inputs in the ONNX file at `path` (onnx_passes/feed_cache_by_layer.py);
+    the weights' external data is untouched."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    run_onnx_passes(model, [FeedCacheByLayer()])
+    onnx.save(model, str(path))
+
+
+def cache_layout(path: Path) -> dict:
+    """Manifest facts on how the graph at `path` takes its cache: {"cache_by_layer": L} when by layer."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    _, _, layers = abi_inputs([SimpleNamespace(name=i.name, shape=[]) for i in model.graph.input])
+    return {"cache_by_layer": layers["k_cache"]} if "k_cache" in layers else {}
+
+
+def abi_inputs(inputs) -> tuple[list[str], list, dict[str, int]]:
+    """A session's inputs as the step-graph ABI names them: per-layer cache inputs (`k_cache.0` ...) folded
+    back into their stacked name. Returns the names, the stacked k_cache shape, and the layers of each
+    stacked input the runner feeds by layer."""
+    names, layers, kv = [], {}, []
+    for value in inputs:
+        stacked, _, layer = value.name.rpartition(".")
+        if stacked in CACHE_INPUTS and layer.isdigit():
+            if stacked not in layers:
+                names.append(stacked)
+                if stacked == "k_cache":
+                    kv = [None, *value.shape]
+            layers[stacked] = layers.get(stacked, 0) + 1
+        else:
+            names.append(value.name)
+            if value.name == "k_cache":
+                kv = list(value.shape)
+    if kv and "k_cache" in layers:
+        kv[0] = layers["k_cache"]
+    return names, kv, layers
 
 
 def check_external_data(path: Path, files: list[str]) -> None:
@@ -187,11 +230,21 @@ def quantize_blocks(src: Path, dst: Path, config: QuantConfig) -> dict:
 
 
 class OrtRunner:
-    def __init__(self, session, input_names: list[str], output_names: list[str]):
+    """Runs a session on the ABI's inputs; a stacked cache input the graph takes by layer (`layers`) is fed
+    as its layer slices, which are views of the runtime's contiguous cache tensor, not copies."""
+
+    def __init__(self, session, input_names: list[str], output_names: list[str], layers: dict[str, int] | None = None):
         self.session, self.input_names, self.output_names = session, input_names, output_names
+        self.layers = layers or {}
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        feeds = {name: np.ascontiguousarray(t.numpy()) for name, t in zip(self.input_names, inputs)}
+        feeds = {}
+        for name, t in zip(self.input_names, inputs):
+            array = np.ascontiguousarray(t.numpy())
+            if name in self.layers:
+                feeds.update((layer_input(name, i), array[i]) for i in range(self.layers[name]))
+            else:
+                feeds[name] = array
         return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
 
 

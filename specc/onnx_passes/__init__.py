@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
+from .feed_cache_by_layer import FeedCacheByLayer
 from .fold_weight_transposes import FoldWeightTransposes
 from .linear_layers import QuantConfig
 from .quantize_int8_gemm import QuantizeInt8Gemm
@@ -22,7 +23,7 @@ def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
     return [FoldWeightTransposes(), QuantizeWeightOnlyDQ(config)]
 
 
-ALL_ONNX_PASSES: list[type[OnnxPass]] = [FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
+ALL_ONNX_PASSES: list[type[OnnxPass]] = [FeedCacheByLayer, FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
                                          QuantizeWeightOnlyDQ, ComputeAttentionInFp64]
 
 
@@ -33,5 +34,5 @@ def describe_onnx_passes() -> str:
     return describe_contracts(ALL_ONNX_PASSES)
 
 
-__all__ = ["ALL_ONNX_PASSES", "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
+__all__ = ["ALL_ONNX_PASSES", "FeedCacheByLayer", "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
            "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..bundle import Manifest
 from ..errors import BundleError
+from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, layer_input
 from .interface import INPUTS, OUTPUTS, TensorSpec
 from .pbtxt import Enum
 
@@ -48,13 +49,28 @@ def engine_config(name: str, manifest: Manifest, role: str, engines: str) -> dic
         config["backend"] = "python"
     config.update({
         "max_batch_size": 0,  # the caches are [L, B, ...]: batch is not the first dimension
-        "input": [_graph_tensor(i["name"], i["dtype"], i["shape"]) for i in entry["inputs"]],
+        "input": [_graph_tensor(i["name"], i["dtype"], i["shape"])
+                  for i in (engine_inputs(entry) if config.get("platform") == PLATFORMS["onnxruntime"]
+                            else entry["inputs"])],
         "output": [_graph_tensor(n, dtype, shape) for n, (dtype, shape) in graph_outputs(entry).items()],
         "instance_group": [{"kind": _kind(manifest), "count": 1}],
     })
     if engines == "python":
         config["parameters"] = _parameters({"role": role})
     return config
+
+
+def engine_inputs(entry: dict) -> list[dict]:
+    """The inputs of the graph's engine file: the ABI's, with a stacked cache the ONNX graph takes by layer
+    (`cache_by_layer`, onnx_passes/feed_cache_by_layer.py) as one `[B, H, S, D]` input per layer."""
+    layers = entry.get("cache_by_layer")
+    out = []
+    for i in entry["inputs"]:
+        if layers and i["name"] in CACHE_INPUTS:
+            out += [{**i, "name": layer_input(i["name"], n), "shape": i["shape"][1:]} for n in range(layers)]
+        else:
+            out.append(i)
+    return out
 
 
 def graph_outputs(entry: dict) -> dict[str, tuple[str, list]]:

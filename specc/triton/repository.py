@@ -116,6 +116,9 @@ def _plan(bundle: Path, manifest: Manifest, name: str, layout: str, engines: str
     roles = ["target"] + ([manifest.draft.graph] if manifest.draft.graph else [])
     engine_names = {role: f"{name}_{role}" for role in roles}
     params.update({f"{role}_model": engine_names[role] for role in roles})
+    if engines == "native" and manifest.backend == "onnxruntime":  # ONNX engines that take their cache by layer
+        params.update({f"{role}_cache_by_layer": str(manifest.graph(role).facts["cache_by_layer"])
+                       for role in roles if manifest.graph(role).facts.get("cache_by_layer")})
     plans = [ModelPlan(name, f"speculative orchestrator; calls {', '.join(engine_names.values())} with BLS",
                        orchestrator_config(name, manifest, params), "SplitModel",
                        [(bundle / MANIFEST, f"{BUNDLE_DIR}/{MANIFEST}")] + listed(manifest.tokenizer.dir + "/"))]

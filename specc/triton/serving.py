@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
+from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, layer_input
 from ..runtime.engines import open_runner
 from ..runtime.model import SpecModel, load
 from .orchestrator import Orchestrator
@@ -94,21 +95,30 @@ class SplitModel(_OrchestratorModel):
         roles = ["target"] + ([manifest.draft.graph] if manifest.draft.graph else [])
         engines = {role: params[f"{role}_model"] for role in roles}
         device = torch.device(manifest.recipe.device)
-        return SpecModel(bundle, open_graph=lambda b, role: BLSRunner(self.pb, engines[role], b.graph(role), device))
+        layers = {role: int(params.get(f"{role}_cache_by_layer", 0)) for role in roles}
+        return SpecModel(bundle, open_graph=lambda b, role: BLSRunner(self.pb, engines[role], b.graph(role), device,
+                                                                      layers[role]))
 
 
 class BLSRunner:
     """A step graph served by another Triton model (the `Runner` protocol of specc backends)."""
 
-    def __init__(self, pb, model_name: str, entry: dict, device: torch.device):
+    def __init__(self, pb, model_name: str, entry: dict, device: torch.device, cache_by_layer: int = 0):
         self.pb, self.model_name, self.device = pb, model_name, device
         self.input_names = [i.name for i in entry.inputs]
         self.output_names = list(entry.outputs)
+        self.cache_by_layer = cache_by_layer  # the engine takes k_cache / v_cache as one input per layer
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         pb = self.pb
+        tensors = []
+        for name, t in zip(self.input_names, inputs):
+            if self.cache_by_layer and name in CACHE_INPUTS:
+                tensors += [_to_pb(pb, layer_input(name, i), t[i]) for i in range(self.cache_by_layer)]
+            else:
+                tensors.append(_to_pb(pb, name, t))
         request = pb.InferenceRequest(model_name=self.model_name, requested_output_names=self.output_names,
-                                      inputs=[_to_pb(pb, n, t) for n, t in zip(self.input_names, inputs)])
+                                      inputs=tensors)
         response = request.exec()
         if response.has_error():
             raise EngineError(f"model {self.model_name!r}: {response.error().message()}")

@@ -76,7 +76,7 @@ class SpecModel:
                 "settings that are row-invariant on which CPUs", escape_control(bundle.path))
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
         self.prefill_chunk = DEFAULT_CHUNK
-        self.interleave_chunk = INTERLEAVE_CHUNK  # prompt tokens per step while other rows decode (Scheduler.step)
+        self.interleave_chunk = INTERLEAVE_CHUNK  # most prompt tokens per step while other rows decode (Scheduler)
         self.prefix_cache = PrefixCache(default_budget_mb() << 20)  # shared by every call and server request
         self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
 

@@ -27,6 +27,7 @@ from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
 from .state import Batch, Request
+from .step import INTERLEAVE_SHARE, INTERLEAVE_START
 from .stats import RunStats
 
 if TYPE_CHECKING:
@@ -91,6 +92,11 @@ class Scheduler:
         self.last_round: RoundRecord | None = None  # the latest decode round (adaptive policy, server metrics)
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
+        # what sizes a prompt's chunks beside decoding rows (_interleave_size): a round's seconds (moving average),
+        # the last such chunk's seconds per prompt token and its tokens
+        self._round_s: float | None = None
+        self._chunk_token_s: float | None = None
+        self._chunk_tokens = INTERLEAVE_START
 
     def submit(self, request: Request) -> None:
         with self._lock:
@@ -133,10 +139,13 @@ class Scheduler:
         joined = False
         if self.prefilling is not None:
             began = time.perf_counter()
-            # beside decoding rows a smaller chunk, so that their time between tokens stays near a round's
-            chunk = self.model.prefill_chunk
-            self.prefilling.step(chunk if self.batch is None else min(chunk, self.model.interleave_chunk))
-            self.stats.prefill_seconds += time.perf_counter() - began
+            size = self.model.prefill_chunk if self.batch is None else self._interleave_size()
+            entered = sum(self.prefilling.entered)
+            self.prefilling.step(size)
+            spent = time.perf_counter() - began
+            self.stats.prefill_seconds += spent
+            if self.batch is not None:
+                self._chunk_token_s = spent / max(1, sum(self.prefilling.entered) - entered)
             if self.prefilling.done:
                 events += self._join(self.prefilling)
                 self.prefilling, joined = None, True
@@ -144,6 +153,21 @@ class Scheduler:
             events += self._round(self.batch)
         self.stats.seconds += time.perf_counter() - start
         return events
+
+    def _interleave_size(self) -> int:
+        """Prompt tokens of a chunk prefilled beside decoding rows: as many as cost about INTERLEAVE_SHARE
+        rounds at the last such chunk's seconds per token, so the rows' time between tokens stays within
+        about 1 + INTERLEAVE_SHARE rounds. That cost per token includes the pass's fixed part, so a chunk
+        that ran under its budget grows the next one and one that ran over shrinks it, to the size whose
+        pass takes the budget (within a factor of two per step, and at most `model.interleave_chunk`)."""
+        last, cap = self._chunk_tokens, self.model.interleave_chunk
+        if self._round_s is None or self._chunk_token_s is None:
+            size = min(cap, INTERLEAVE_START)
+        else:
+            size = int(INTERLEAVE_SHARE * self._round_s / self._chunk_token_s)
+            size = max(last // 2, min(2 * last, size))
+        self._chunk_tokens = max(1, min(cap, self.model.prefill_chunk, size))
+        return self._chunk_tokens
 
     def _round(self, batch: Batch) -> list[StreamEvent]:
         """One round over the batch, of the kind the planner decides; its record, statistics and events."""
@@ -155,7 +179,9 @@ class Scheduler:
             result = chain_round(batch, self.drafter, self.verifier, plan)
         else:
             result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
-        self.last_round = self.planner.observe(batch, plan, result, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.last_round = self.planner.observe(batch, plan, result, seconds)
+        self._round_s = seconds if self._round_s is None else 0.8 * self._round_s + 0.2 * seconds
         self._account(batch, result)
         events = self._advance(batch, result.tokens, result.logprobs)
         if not batch.seqs:

@@ -17,7 +17,11 @@ def pad_right(rows: list[list[int]], device, pad: int = 0) -> tuple[torch.Tensor
 
 
 DEFAULT_CHUNK = 256  # prompt tokens per prefill pass (SpecModel.prefill_chunk): linear prefill, bounded masks
-INTERLEAVE_CHUNK = 32  # per pass while other rows decode: on a CPU a pass costs about its tokens, so small
+# Beside decoding rows a prompt's chunks are sized by time (Scheduler._interleave_size): each costs about
+# INTERLEAVE_SHARE decode rounds, starting from INTERLEAVE_START tokens, at most INTERLEAVE_CHUNK.
+INTERLEAVE_CHUNK = DEFAULT_CHUNK
+INTERLEAVE_START = 32
+INTERLEAVE_SHARE = 1.5
 
 TOKEN_AXIS = {"new_k": 3, "new_v": 3, "features": 1}  # outputs with one entry per new token
 LOGIT_AXIS = {"logits": 1, "exit_logits": 1}  # outputs with one entry per logit_index row (the LM head's pass)

@@ -36,6 +36,7 @@ class DraftMethod:
     reads_features: bool = False  # the target graph also returns the hidden states the drafter reads
     draft_attends: bool = True  # the draft graph attends over tokens (a tree mask pass applies to it)
     trees: bool = False  # drafts token trees (speculation.mode tree)
+    sized_trees: bool = False  # its node scores estimate acceptance: rounds verify as many nodes as pay (TreeSizer)
     stops: bool = False  # drafts one token at a time and can end a chain early (draft.stop_below)
     lookup_in_front: bool = False  # prompt lookup or the suffix drafter may draft first (draft.lookup, draft.suffix)
     shares_target_cache: bool = False  # the draft graph reads the target's KV cache
@@ -79,7 +80,7 @@ for _method in (
     DraftMethod("early_exit", "exit", f"{_RUNTIME}.model:SharedCacheDrafter", fields=("layer", "adapter"),
                 requires=("layer",), trees=True, stops=True, lookup_in_front=True, shares_target_cache=True),
     DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter"),
-    DraftMethod("suffix", None, f"{_RUNTIME}.suffix:SuffixDrafter", trees=True),
+    DraftMethod("suffix", None, f"{_RUNTIME}.suffix:SuffixDrafter", trees=True, sized_trees=True),
     DraftMethod("medusa", "head", f"{_RUNTIME}.heads:MedusaDrafter", fields=("quantize", "head"), requires=("head",),
                 reads_features=True, draft_attends=False, trees=True),
     DraftMethod("eagle", "head", f"{_RUNTIME}.heads:EagleDrafter", fields=("quantize", "head"), requires=("head",),

@@ -15,6 +15,7 @@ from specc.errors import RecipeError
 from specc.recipe import parse_recipe
 from specc.runtime.drafters import suffix
 from specc.runtime.drafters.suffix import (GlobalSuffixCache, SuffixDrafter, SuffixIndex, best_path, frequency_tree)
+from specc.runtime.planning import TreeSizer
 from specc.speculation.sampling import SamplingParams
 from specc.testing import derive_draft, make_tiny_model
 
@@ -186,11 +187,14 @@ def _warm_for_sampling(model):
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree", "model"])
-def test_sampled_output_has_the_target_distribution(suffix_bundles, kind):
+def test_sampled_output_has_the_target_distribution(suffix_bundles, kind, monkeypatch):
     """One-hot q for the suffix drafter's deterministic drafts (chains; a single path per sampled row in tree
-    rounds; in front of a draft model, mixed with the model's rounds: small batches, so that every row of a
-    batch finds a match often enough for both kinds to be common). The cache also takes every row's sampled
-    output as the test runs."""
+    rounds, cut by the tree sizer; in front of a draft model, mixed with the model's rounds: small batches, so
+    that every row of a batch finds a match often enough for both kinds to be common). The cache also takes
+    every row's sampled output as the test runs. The sizer keeps its measured costs but not its measured
+    acceptance: the garbage in this cache would soon make it draft nothing, and a check without drafts means
+    nothing."""
+    monkeypatch.setattr(TreeSizer, "observe", lambda self, width, seconds, accepted: self.line.add(width, seconds))
     target, bundles = suffix_bundles
     params = SamplingParams(1.0)
     exact = exact_marginals(target, params)

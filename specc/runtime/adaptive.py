@@ -115,7 +115,7 @@ PLAIN_PROBE_WITHIN = 1.25  # while drafting wins, k = 0 is probed only where the
 MAX_STOP = 0.95  # a chain-probability threshold above this would end nearly every chain at its first draft
 
 
-class _Line:
+class CostLine:
     """Exponentially weighted least-squares fit of seconds = a + c * width."""
 
     def __init__(self, decay: float):
@@ -148,7 +148,7 @@ class _Arm:
     judged: list[float]  # per draft position (1-based), decayed: rounds that reached it
     accepted: list[float]  # ... and accepted it
     hit_rate: float = 1.0
-    lines: dict[int, _Line] = field(default_factory=dict)  # batch size -> round seconds against width verified
+    lines: dict[int, CostLine] = field(default_factory=dict)  # batch size -> round seconds against width verified
     rows: dict[int, deque] = field(default_factory=dict)  # request index -> its recent (accepted, judged, had_draft)
     catch_up: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed seconds, tokens of its catch-ups
     reach: dict[int, list[list[float]]] = field(default_factory=dict)  # batch size -> per position: rounds asked, verified
@@ -179,7 +179,7 @@ class AdaptiveK:
         self.prior_weight, self.prior_slope = prior_weight, prior_slope
         self.prior_alpha = prior_alpha
         self.stats = {a: _Arm([0.0] * (k_max + 1), [0.0] * (k_max + 1)) for a in self.arms}
-        self.plain: dict[int, _Line] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
+        self.plain: dict[int, CostLine] = {}  # batch size -> seconds of its plain rounds (a decayed mean)
         self.plain_round: dict[int, int] = {}  # batch size -> the latest round that measured a plain one
         self.round_no = 0
         self.idle: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds since the arm last drafted at that size
@@ -344,7 +344,7 @@ class AdaptiveK:
             c = a * self._slope_ratio(b, lines)
         return a + c * width
 
-    def _slope_ratio(self, b: int, lines: dict[int, _Line]) -> float:
+    def _slope_ratio(self, b: int, lines: dict[int, CostLine]) -> float:
         """c/a of the nearest batch size with a fitted slope (the prior if none has)."""
         fitted = [(x, line.fit()) for x, line in lines.items() if line.spread >= 1e-3]
         if not fitted:
@@ -359,12 +359,12 @@ class AdaptiveK:
         width = max(record.n_draft, default=0) if record.k else 0
         arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
         for a in arms:
-            self.stats[a].lines.setdefault(b, _Line(self.decay)).add(width, record.seconds)
+            self.stats[a].lines.setdefault(b, CostLine(self.decay)).add(width, record.seconds)
         if record.catch_up_tokens:
             cu = self.stats[record.arm].catch_up
             cu[0], cu[1] = self.decay * cu[0] + record.catch_up_seconds, self.decay * cu[1] + record.catch_up_tokens
         if width == 0:
-            self.plain.setdefault(b, _Line(PLAIN_DECAY)).add(0, record.seconds)
+            self.plain.setdefault(b, CostLine(PLAIN_DECAY)).add(0, record.seconds)
             self.plain_round[b] = self.round_no
         live = set(record.rows)
         for st in self.stats.values():

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
+
 from ..limits import auto_k_max
-from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord
+from ..speculation.tree import DraftTree, rerank
+from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord, CostLine
 from .drafters.base import DraftPlan, Drafter
 from .rounds import RoundResult
 from .state import Batch
@@ -68,6 +71,61 @@ class AdaptivePlanner(Planner):
         record.arm = plan.arm if plan else self.policy.arm
         self.policy.observe(record)
         return record
+
+
+class TreeSizer:
+    """How many of each row's drafted nodes a tree round verifies, for drafters whose node scores estimate
+    acceptance (suffix decoding: a node's path frequency in its index).
+
+    A row keeps its n highest-scoring nodes (`rerank`: a kept node's parent is kept); n, the same for every
+    row, maximises the round's expected tokens per second,
+
+        sum over rows b of (1 + kappa * sum of p_bi over its kept nodes)  /  (a + c * width),
+
+    where p_bi = exp(score) is the drafter's estimate that node i is accepted, kappa the measured ratio of
+    accepted nodes to what the estimates promised over recent rounds (the estimates are counts in past text,
+    not the target's probabilities), and a + c * width the measured seconds of a round against the widest
+    row's verified nodes (`CostLine`, fitted as k auto fits its rounds; a prior slope until two widths are seen).
+    n = 0 verifies no draft: a tree round then costs what a plain round does. A short match already drafts a
+    small tree (the drafter's budget); this sizes the tree to what a verify pass of that width costs here.
+    """
+
+    PRIOR_SLOPE = 0.05  # a verified node's seconds as a share of a one-token pass, until measured
+
+    def __init__(self, most: int, decay: float = 0.9):
+        self.most, self.line = most, CostLine(decay)
+        self.accepted, self.promised = 1.0, 1.0  # decayed sums: kappa = accepted / promised, starting at 1
+        self.promise = 0.0  # what the last sized round's kept nodes promised
+
+    def size(self, trees: list[DraftTree], greedy: list[bool]) -> list[DraftTree]:
+        """The trees cut to the n that promises the most tokens per second (rows' own budgets kept)."""
+        gains = [sorted((math.exp(s) for s in t.score[1:]), reverse=True) for t in trees]
+        a, c = self.line.fit() if self.line.w else (1.0, None)
+        c = a * self.PRIOR_SLOPE if c is None else c
+        kappa = self.accepted / self.promised
+        best, best_rate = 0, -1.0
+        for n in range(min(self.most, max(len(g) for g in gains)) + 1):
+            tokens = sum(1 + kappa * sum(g[:n]) for g in gains)
+            rate = tokens / (a + c * max(min(n, len(g)) for g in gains))
+            if rate > best_rate + 1e-12:
+                best, best_rate = n, rate
+        self.promise = sum(sum(g[:best]) for g in gains)
+        return [rerank(t, best) if g else cut_path(t, best) for t, g in zip(trees, greedy)]
+
+    def observe(self, width: int, seconds: float, accepted: int) -> None:
+        """A finished round: its widest row's verified nodes, its seconds, the drafts it accepted."""
+        self.line.add(width, seconds)
+        self.accepted = 0.9 * self.accepted + accepted
+        self.promised = 0.9 * self.promised + max(self.promise, 1e-3)
+
+
+def cut_path(tree: DraftTree, n: int) -> DraftTree:
+    """A tree that is one path, cut after its first n drafted nodes (its point-mass q kept: still exact)."""
+    if tree.size <= n:
+        return tree
+    return DraftTree(tree.tokens[:n + 1], tree.parent[:n + 1], tree.depth[:n + 1], tree.score[:n + 1],
+                     tree.path[:n + 1], {p: [c for c in kids if c <= n] for p, kids in tree.children.items() if p < n},
+                     {node: q for node, q in tree.q.items() if node < n})
 
 
 def make_planner(model: "SpecModel", k: int | str, stop_below: float) -> Planner:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..speculation.tree import TreeShape
 from .drafters.base import DraftInfo, DraftPlan, Drafter
 from .state import Batch
 from .verifier import Verifier
+
+if TYPE_CHECKING:
+    from .planning import TreeSizer
 
 
 @dataclass
@@ -28,6 +32,7 @@ class RoundResult:
     verify_seconds: float = 0.0  # the target pass and acceptance
     info: DraftInfo = field(default_factory=DraftInfo)
     logprobs: list | None = None  # per row asking for them: its new tokens' logprobs (Verdict.logprobs)
+    width: int = 0  # a tree round's widest row: drafted nodes verified
 
 
 def plain_round(batch: Batch, verifier: Verifier, drafter: Drafter | None = None) -> RoundResult:
@@ -64,10 +69,14 @@ def chain_round(batch: Batch, drafter: Drafter, verifier: Verifier, plan: DraftP
                        drafted_at - start - info.catch_up_seconds, verified_at - drafted_at, info, verdict.logprobs)
 
 
-def tree_round(batch: Batch, drafter: Drafter, verifier: Verifier, shape: TreeShape) -> RoundResult:
-    """Draft a token tree per row, verify every node in one target pass, commit the accepted path."""
+def tree_round(batch: Batch, drafter: Drafter, verifier: Verifier, shape: TreeShape,
+               sizer: TreeSizer | None = None) -> RoundResult:
+    """Draft a token tree per row (cut to what pays, with a sizer), verify every node in one target pass,
+    commit the accepted path."""
     params, start = batch.params, time.perf_counter()
     trees = drafter.propose_tree(batch, shape, params)                                         # draft
+    if sizer is not None:
+        trees = sizer.size(trees, params.greedy)
     drafted_at = time.perf_counter()
     noise = batch.noise(shape.size + 2)
     verdict, paths = verifier.tree(batch, trees, params, noise, shape.verify_nodes)           # verify, accept
@@ -76,4 +85,5 @@ def tree_round(batch: Batch, drafter: Drafter, verifier: Verifier, shape: TreeSh
     drafter.after_verify(batch, verdict)
     tokens = [path + [t] for path, t in zip(paths, verdict.next_token.tolist())]              # emit
     return RoundResult(tokens, [max(t.depth) for t in trees], [len(p) for p in paths], drafter.kind,
-                       drafted_at - start, verified_at - drafted_at, logprobs=verdict.logprobs)
+                       drafted_at - start, verified_at - drafted_at, logprobs=verdict.logprobs,
+                       width=max(t.size for t in trees))

@@ -22,7 +22,7 @@ from ..speculation.tree import TreeShape
 from .adaptive import RoundRecord
 from .drafters.base import DraftPlan
 from .kv_cache import KVCache
-from .planning import Planner, make_planner
+from .planning import Planner, TreeSizer, make_planner
 from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
@@ -82,6 +82,8 @@ class Scheduler:
         self.stop_below = model.stop_below if stop_below is None else float(stop_below)
         if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
+        # trees whose node scores estimate acceptance are cut to what a verify pass of their width pays
+        self.sizer = TreeSizer(self.tree.size) if self.tree is not None and model.drafter.method.sized_trees else None
         chains = self.speculative and self.tree is None
         self.planner = make_planner(model, k, self.stop_below) if chains else Planner(0)
         self.k = self.planner.k_max
@@ -173,14 +175,16 @@ class Scheduler:
         """One round over the batch, of the kind the planner decides; its record, statistics and events."""
         start = time.perf_counter()
         if self.tree is not None:
-            plan = DraftPlan(self.tree.size)  # what the round's record counts: the tree's nodes
-            result = tree_round(batch, self.drafter, self.verifier, self.tree)
+            result = tree_round(batch, self.drafter, self.verifier, self.tree, self.sizer)
+            plan = DraftPlan(result.width)  # what the round's record counts: the nodes verified
         elif (plan := self.planner.plan(batch)) is not None:
             result = chain_round(batch, self.drafter, self.verifier, plan)
         else:
             result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
         seconds = time.perf_counter() - start
         self.last_round = self.planner.observe(batch, plan, result, seconds)
+        if self.sizer is not None:
+            self.sizer.observe(result.width, seconds, sum(result.accepted))
         self._round_s = seconds if self._round_s is None else 0.8 * self._round_s + 0.2 * seconds
         self._account(batch, result)
         events = self._advance(batch, result.tokens, result.logprobs)

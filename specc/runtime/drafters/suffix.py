@@ -113,7 +113,7 @@ class SuffixDrafter(Drafter):
             if params.greedy[b]:
                 tree = frequency_tree(seq.out[-1], m.continuations or [], budget)
             else:
-                tree = path_tree(seq.out[-1], best_path(m.continuations or [], budget), self.vocab_size,
+                tree = path_tree(seq.out[-1], scored_path(m.continuations or [], budget), self.vocab_size,
                                  batch.cache.lengths.device)
             trees.append(tree)
             drafted.append(tree.size)
@@ -152,6 +152,11 @@ def _trie(continuations: list[list[int]], depth: int) -> _Trie:
 
 def best_path(continuations: list[list[int]] | None, budget: int) -> list[int]:
     """The most frequent continuation, token by token, while its estimated probability stays >= MIN_PROB."""
+    return [token for token, _ in scored_path(continuations, budget)]
+
+
+def scored_path(continuations: list[list[int]] | None, budget: int) -> list[tuple[int, float]]:
+    """`best_path` with each token's estimated probability given the ones before (child over parent count)."""
     if not continuations or budget <= 0:
         return []
     node, prob, out = _trie(continuations, budget), 1.0, []
@@ -160,7 +165,7 @@ def best_path(continuations: list[list[int]] | None, budget: int) -> list[int]:
         prob *= kid.count / node.count
         if prob < MIN_PROB:
             break
-        out.append(token)
+        out.append((token, kid.count / node.count))
         node = kid
     return out
 
@@ -188,13 +193,14 @@ def frequency_tree(root: int, continuations: list[list[int]], budget: int) -> Dr
     return tree
 
 
-def path_tree(root: int, path: list[int], vocab: int, device) -> DraftTree:
-    """A tree that is one path, each node's q the point mass at its only child: exact under the sampled tree rule."""
+def path_tree(root: int, path: list[tuple[int, float]], vocab: int, device) -> DraftTree:
+    """A tree that is one path, each node's q the point mass at its only child: exact under the sampled tree rule.
+    Node scores are the path's estimated log-probabilities (what sizes the tree, never what is accepted)."""
     tree, node = DraftTree([root]), 0
-    for token in path:
+    for token, prob in path:
         tree.q[node] = torch.zeros(vocab, device=device)
         tree.q[node][token] = 1.0
-        node = tree.add(node, token, 0.0, 0)
+        node = tree.add(node, token, math.log(prob), 0)
     return tree
 
 

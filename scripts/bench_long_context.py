@@ -3,7 +3,7 @@
 1. Context sweep: a source file cut to N tokens with an editing instruction after it, 64 new tokens,
    greedy, one request at a time: time to first token (the prefill) and decode tokens/s, target-only
    and speculative (the bundle's drafter: prompt lookup for the quickstart), and llama.cpp on the
-   model's GGUF where llama-cpp-python is installed (--llamacpp-gguf).
+   model's GGUF where a llama.cpp binding is installed (--llamacpp-gguf; the `llamacpp` extra).
 2. A 6-turn chat whose history grows to ~2k tokens, with the prefix cache off and on: each turn's
    time to first token and the run's total, outputs compared turn for turn.
 3. 8 users sharing one ~800-token system prompt, submitted together: time to first token per user,
@@ -186,7 +186,7 @@ def main() -> int:
     p.add_argument("bundle", type=Path)
     p.add_argument("--contexts", default="512,2048,8000", help="prompt lengths of the sweep (tokens)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--llamacpp-gguf", type=Path, help="the same model as GGUF for llama.cpp (llama-cpp-python)")
+    p.add_argument("--llamacpp-gguf", type=Path, help="the same model as GGUF for llama.cpp (the llamacpp extra)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: usable cores)")
     p.add_argument("--prefix-cache", type=int, default=0, metavar="MB",
                    help="also run the chat and shared-system-prompt benchmarks, with this cache budget (0: skip them)")
@@ -205,6 +205,11 @@ def main() -> int:
     result = {"date": datetime.date.today().isoformat(), "machine": cpu(), "command": " ".join(sys.argv),
               "bundle": str(args.bundle), "max_new_tokens": args.max_new_tokens,
               "runtime": "prefix cache and chunked prefill" if hasattr(model, "prefix_cache") else "whole-prompt prefill"}
+    if llama is not None:
+        from specc.hardware import usable_cores
+
+        result["llamacpp"] = {"gguf": str(args.llamacpp_gguf), "binding": llama.specc_binding,
+                              "cpu_features": llama.specc_system_info, "threads": args.threads or usable_cores()}
 
     def save():
         if args.json:

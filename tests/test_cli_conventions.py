@@ -90,8 +90,8 @@ def no_loading(monkeypatch):
 def no_llamacpp(monkeypatch):
     import importlib.util
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    real, bindings = importlib.util.find_spec, ("llama_cpp", "llama_cpp_py_sync")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in bindings else real(name, *a))
 
 
 def one_error_line(err: str) -> str:

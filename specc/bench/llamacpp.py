@@ -1,5 +1,6 @@
-"""llama.cpp baselines for `specc bench --compare llamacpp` (the `llamacpp` extra: llama-cpp-python,
-which builds the llama.cpp it vendors).
+"""llama.cpp baselines for `specc bench --compare llamacpp` (the `llamacpp` extra: the prebuilt
+llama-cpp-py-sync wheel, driven through llamacpp_sync.py; or llama-cpp-python, the `llamacpp-native`
+extra, which builds the llama.cpp it vendors for this CPU and is used when both are installed).
 
 What a CPU user would run instead of specc, on the same prompt token ids, greedy, batch 1, the
 same max_new_tokens, the bundle's EOS ids and the same thread count:
@@ -8,10 +9,12 @@ same max_new_tokens, the bundle's EOS ids and the same thread count:
   output is compared with (llama.cpp's own speculation is judged against llama.cpp, specc's
   against specc's target-only);
 - `llama.cpp speculative [DRAFT] k=K`: the same target with a draft GGUF of the same family,
-  through llama-cpp-python's `draft_model` hook: each round the draft model greedily drafts K
-  tokens, the target evaluates them in one batch and keeps the longest matching prefix plus its
-  own next token. `default` is llama.cpp's own default draft length (16, `--draft-max`);
-- without a draft GGUF: `llama.cpp prompt lookup k=K` (`LlamaPromptLookupDecoding`).
+  through llama-cpp-python's `draft_model` hook (SyncLlama has the same one): each round the draft
+  model greedily drafts K tokens, the target evaluates them in one batch and keeps the longest
+  matching prefix plus its own next token. `default` is llama.cpp's own default draft length (16,
+  `--draft-max`);
+- without a draft GGUF: `llama.cpp prompt lookup k=K` (`LlamaPromptLookupDecoding`, or
+  llamacpp_sync's `PromptLookup`, which drafts the same tokens).
 
 Timing is wall time of the whole `generate` loop per prompt (prefill included, as for specc).
 """
@@ -29,27 +32,35 @@ import numpy as np
 from ..errors import SpeccError
 from ..hardware import usable_cores
 from ..runtime.stats import RowStats
+from .llamacpp_sync import binding
 
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
 LLAMACPP_DEFAULT_DRAFT = 16  # llama.cpp common_params.speculative.n_max (--draft-max)
 
 
 def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_all: bool = False):
-    """A llama-cpp-python `Llama` on `gguf`, CPU, `threads` threads for decode and batches.
+    """A llama.cpp model on `gguf` (llama-cpp-python's `Llama`), CPU, `threads` threads for decode and batches.
 
     llama.cpp's OpenMP threads wait as its users get them: OMP_WAIT_POLICY as set when the process
     started (libgomp reads it once, when torch loads it), by default spinning a while between
     operators like specc's own ONNX Runtime pool. Passive waits (OMP_WAIT_POLICY=passive) slow
-    llama.cpp down markedly, so a fair comparison leaves the policy at its default."""
-    try:
-        import llama_cpp.llama_cpp as lib
-        from llama_cpp import Llama
-    except ImportError:
-        raise SpeccError("llama.cpp comparisons need llama-cpp-python: pip install 'specc[llamacpp]' "
-                         "(builds llama.cpp from source: cmake and a C++ compiler, several minutes)") from None
+    llama.cpp down markedly, so a fair comparison leaves the policy at its default.
+
+    Without llama-cpp-python, a llamacpp_sync.SyncLlama (llama-cpp-py-sync) with the same methods. Either has
+    `specc_binding` (which one) and `specc_system_info` (the CPU features llama.cpp's kernels were built for)."""
+    api = binding()
     if not Path(gguf).is_file():
         raise SpeccError(f"GGUF file {gguf} does not exist")
     threads = threads or usable_cores()
+    if api == "llama-cpp-py-sync":
+        from .llamacpp_sync import SyncLlama, system_info
+
+        llm = SyncLlama(gguf, n_ctx, threads, logits_all=logits_all)
+        llm.specc_binding, llm.specc_system_info = api, system_info()
+        return llm
+    import llama_cpp.llama_cpp as lib
+    from llama_cpp import Llama
+
     default, overrides = lib.llama_model_default_params, None
     own_choice = os.environ.get("SPECC_LLAMACPP_EXTRA_BUFFERS", "0") == "1"
     if not own_choice:
@@ -69,6 +80,7 @@ def open_llama(gguf: str | Path, threads: int | None, n_ctx: int = 2048, logits_
         lib.llama_model_default_params = default
     llm._specc_buft_overrides = overrides  # llama.cpp reads the patterns while loading; keep them alive with the model
     llm.specc_repacked = "llama.cpp's choice" if own_choice else (len(overrides) - 1 if overrides is not None else 0)
+    llm.specc_binding, llm.specc_system_info = api, lib.llama_print_system_info().decode().strip()
     return llm
 
 
@@ -128,7 +140,7 @@ def _repack_overrides(lib, gguf: str | Path):
 
 
 class GreedyDraftModel:
-    """llama-cpp-python draft_model: a second GGUF drafting `k` tokens greedily after the context it is given."""
+    """A draft_model hook: a second GGUF drafting `k` tokens greedily after the context it is given."""
 
     def __init__(self, llm, k: int):
         self.llm, self.k = llm, k
@@ -147,9 +159,9 @@ class GreedyDraftModel:
 @dataclass
 class LlamaSystem:
     name: str
-    llm: object  # llama_cpp.Llama
+    llm: object  # llama_cpp.Llama or llamacpp_sync.SyncLlama
     eos_ids: list[int]
-    draft: object = None  # a llama-cpp-python draft model, or None
+    draft: object = None  # a draft_model hook, or None
     settings: dict = field(default_factory=dict)
     family: str = "llamacpp"
     reference: str = LLAMACPP_TARGET_ONLY  # equality is reported against llama.cpp's own target-only
@@ -191,15 +203,18 @@ def llamacpp_systems(target_gguf: str | Path, draft_gguf: str | Path | None, k_v
                      threads: int | None, n_ctx: int) -> list[LlamaSystem]:
     """llama.cpp target-only, then speculative with the draft GGUF (llama.cpp's default draft length and each k),
     or prompt lookup at each k when there is no draft GGUF."""
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    common = {"gguf": str(target_gguf), "threads": threads or usable_cores(), "api": "llama-cpp-python",
+    common = {"gguf": str(target_gguf), "threads": threads or usable_cores(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     target_only = open_llama(target_gguf, threads, n_ctx)
-    common["repacked_tensors"] = target_only.specc_repacked
+    common.update(api=target_only.specc_binding, llamacpp_cpu_features=target_only.specc_system_info,
+                  repacked_tensors=target_only.specc_repacked)
+    if target_only.specc_binding == "llama-cpp-py-sync":
+        from .llamacpp_sync import PromptLookup as LlamaPromptLookupDecoding
+    else:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     systems = [LlamaSystem(LLAMACPP_TARGET_ONLY, target_only, eos_ids, settings=common)]
-    # speculative verify reads the logits of every drafted position (logits_all), which slows target-only decoding
-    # (the LM head runs over every prompt token), so target-only has its own Llama without it
+    # llama-cpp-python's speculative verify reads the logits of every drafted position (logits_all), which slows
+    # target-only decoding (the LM head runs over every prompt token), so target-only has its own Llama without it
     llm = open_llama(target_gguf, threads, n_ctx, logits_all=True)
     if draft_gguf is not None:
         draft_llm = open_llama(draft_gguf, threads, n_ctx)

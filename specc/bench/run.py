@@ -283,7 +283,7 @@ def check_bench_settings(repeats: int, batch_size: int, stop_below: list[float],
     if bad := [p for p in stop_below if not is_probability(p)]:
         raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
     if compare not in (None, "hf", "llamacpp"):
-        raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama-cpp-python)")
+        raise SpeccError(f"--compare {compare!r}: allowed: hf (Hugging Face transformers), llamacpp (llama.cpp)")
     if compare and batch_size != 1:
         raise SpeccError(f"--compare {compare} measures batch 1 (the baselines take one prompt at a time); "
                          "drop --max-batch")

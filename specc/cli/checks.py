@@ -2,14 +2,11 @@
 at once with one message instead of after seconds of loading."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 from ..errors import SpeccError
-
-LLAMACPP_INSTALL = "pip install 'specc[llamacpp]'"
 
 
 def bundle_dir(path: Path) -> None:
@@ -52,10 +49,10 @@ def at_least(value: int | None, flag: str, low: int = 1) -> None:
 
 
 def llamacpp_installed(why: str) -> None:
-    """llama-cpp-python (the `llamacpp` extra) is importable."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise SpeccError(f"{why} needs llama-cpp-python, which is not installed: {LLAMACPP_INSTALL} "
-                         "(builds llama.cpp from source: cmake and a C++ compiler)")
+    """A llama.cpp binding (the `llamacpp` or `llamacpp-native` extra) is importable."""
+    from ..bench.llamacpp_sync import binding
+
+    binding(why)
 
 
 def warm_file(path: Path | None) -> list[str]:

@@ -291,7 +291,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     deprecated_alias(p, "--batch-size", batch)
     p.add_argument("--compare", choices=["hf", "llamacpp"], help="hf: also run Hugging Face transformers on the same weights: "
                    "generate (the reference), assisted generation with the bundle's draft model (default schedule and each k), "
-                   "prompt lookup (each k); llamacpp: llama.cpp (llama-cpp-python, the llamacpp extra) on the target's GGUF, "
+                   "prompt lookup (each k); llamacpp: llama.cpp (the llamacpp extra) on the target's GGUF, "
                    "target-only and speculative with the draft's GGUF (its default draft length and each k); batch 1")
     p.add_argument("--llamacpp-target", type=Path, metavar="GGUF", help="--compare llamacpp: target GGUF (default: the "
                    "GGUF the bundle's target came from)")

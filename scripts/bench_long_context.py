@@ -61,7 +61,7 @@ def timed(model, prompts: list[list[int]], max_new: int, **kw) -> dict:
     return {"ttft_s": ttft, "total_s": end - start, "decode_tok_s": decode, "tokens": [tokens[i] for i in range(len(prompts))]}
 
 
-def sweep(model, contexts: list[int], max_new: int, llama) -> list[dict]:
+def sweep(model, contexts: list[int], max_new: int, llama, unchunked_max: int) -> list[dict]:
     tok = model.tokenizer
     text_ids = tok(source_text(), add_special_tokens=False)["input_ids"]
     instr = tok(INSTRUCTION, add_special_tokens=False)["input_ids"]
@@ -72,7 +72,7 @@ def sweep(model, contexts: list[int], max_new: int, llama) -> list[dict]:
         chunk = model.prefill_chunk
         for name, spec, whole in (("target_only", False, False), ("target_only_unchunked", False, True),
                                   ("speculative", True, False)):
-            if not hasattr(model, "prefill_chunk") and whole:
+            if whole and (not hasattr(model, "prefill_chunk") or len(prompt) > unchunked_max):
                 continue
             model.prefill_chunk = 10**9 if whole else chunk  # unchunked: the whole prompt in one pass
             r = timed(model, [prompt], max_new, speculative=spec)
@@ -191,6 +191,9 @@ def main() -> int:
     p.add_argument("--prefix-cache", type=int, default=0, metavar="MB",
                    help="also run the chat and shared-system-prompt benchmarks, with this cache budget (0: skip them)")
     p.add_argument("--skip-sweep", action="store_true", help="only the prefix-cache benchmarks")
+    p.add_argument("--unchunked-max", type=int, default=2048, metavar="TOKENS",
+                   help="the sweep's whole-prompt prefill runs only up to this context (its mask and scores are "
+                        "prompt by prompt)")
     p.add_argument("--interleave", type=int, default=0, metavar="TOKENS",
                    help="also measure a decoding row's inter-token latency beside a prefill of this many tokens")
     p.add_argument("--json", type=Path)
@@ -216,7 +219,8 @@ def main() -> int:
             args.json.write_text(json.dumps(result, indent=1))
 
     if not args.skip_sweep:
-        result["sweep"] = sweep(model, [int(c) for c in args.contexts.split(",")], args.max_new_tokens, llama)
+        result["sweep"] = sweep(model, [int(c) for c in args.contexts.split(",")], args.max_new_tokens, llama,
+                                args.unchunked_max)
         save()
     if args.interleave:
         result["interleave"] = interleave(model, args.interleave)

@@ -6,6 +6,8 @@
   far; the reply is the next tool call as one JSON object.
 - repeat-questions.jsonl: the same few questions asked again with small variations in wording.
 - repeat-24.jsonl: the three in that order, for one `specc bench` run (its results split by "kind").
+- repeat-12.jsonl: the first four of each, in that order: the same workloads for larger models, in a third
+  of the time.
 
 All go through the chat template. Prompts run in file order, so later requests can draft from earlier ones'
 outputs: that order is part of the workload.
@@ -120,7 +122,8 @@ def questions() -> list[dict]:
 
 def main() -> None:
     sets = (("repeat-code-edit", code_edit()), ("repeat-agent-json", agent_json()), ("repeat-questions", questions()))
-    for name, rows in sets + (("repeat-24", [r for _, rows in sets for r in rows]),):
+    whole = (("repeat-24", [r for _, rows in sets for r in rows]), ("repeat-12", [r for _, rows in sets for r in rows[:4]]))
+    for name, rows in sets + whole:
         path = OUT / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{path}: {len(rows)} prompts")

@@ -181,6 +181,32 @@ def interleave(model, context: int) -> dict:
             "tokens_during_prefill": len(gaps["prefilling"]), "ratio": busy / idle}
 
 
+def as_results(result: dict, drafter: str) -> dict:
+    """The sweep as the rows of a docs/results file (`specc report` renders them): per context, each system's
+    decode tokens/s (vs target-only at the sweep's first context), its time to first token in the note."""
+    systems = {}
+    sweep_rows = result.get("sweep") or []
+    names = {"target_only": "specc target-only", "target_only_unchunked": "specc target-only, unchunked prefill",
+             "speculative": f"specc {drafter}", "llamacpp": "llama.cpp target-only"}
+    for row in sweep_rows:
+        for key, label in names.items():
+            r = row.get(key)
+            if r is None:
+                continue
+            same = "n/a" if key == "llamacpp" else ("1/1" if key.startswith("target_only") or row["equal"] else "0/1")
+            systems[f"{label}, {row['context']}-token prompt"] = {
+                "tokens_per_second": round(r["decode_tok_s"], 2) if r.get("decode_tok_s") else None,
+                "ttft_s": round(r["ttft_s"], 2), "prefill_tokens_per_second": round(r["prefill_tok_s"], 1),
+                "note": f"prefill {r['ttft_s']:.1f} s ({r['prefill_tok_s']:.0f} prompt tokens/s)", "outputs_equal": same}
+    reference = f"specc target-only, {sweep_rows[0]['context']}-token prompt" if sweep_rows else None
+    ref = systems.get(reference, {}).get("tokens_per_second")
+    for entry in systems.values():
+        tps = entry["tokens_per_second"]
+        entry["speedup_vs_reference"] = round(tps / ref, 2) if tps and ref else None
+    return {"measured_by": "scripts/bench_long_context.py", "provenance": "measured", "reference": reference,
+            "prompts": 1, "repeats": 1, "batch_size": 1, "systems": systems}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
@@ -216,6 +242,7 @@ def main() -> int:
 
     def save():
         if args.json:
+            result.update(as_results(result, model.draft_label))
             args.json.write_text(json.dumps(result, indent=1))
 
     if not args.skip_sweep:

@@ -53,6 +53,7 @@ class Prefill:
         parts = [p[n:n + size] for p, n in zip(self.prompts, self.entered)]
         counts = [len(x) for x in parts]
         ids, n_feed = pad_right([x or p[-1:] for x, p in zip(parts, self.prompts)], cache.lengths.device)
+        cache.ensure(int(cache.lengths.max()) + ids.shape[1])
         rows = (n_feed - 1)[:, None]
         if self.echo:  # every prompt row's logits, the row's last one at the end
             rows = torch.minimum(torch.arange(ids.shape[1], device=ids.device)[None, :], rows)

@@ -214,14 +214,15 @@ class Scheduler:
 
     def _start_prefill(self, requests: list[Request]) -> Prefill:
         """A batch for these requests whose cache starts with what the prefix cache holds of each prompt."""
-        lengths = [len(r.prompt) for r in requests]
         cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
-        cache.ensure(max(lengths) + self.lookahead + 1)
         echo = any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests)
         prefix = self.model.prefix_cache if self._prefix_cache_usable and not echo else None  # echo reads every prompt row
+        found = [prefix.match(r.prompt) if prefix is not None else [] for r in requests]
+        # room for the cached prefixes only: each chunk grows the cache by what it enters (Prefill.step), as the
+        # graphs attend over the whole capacity and a cache sized for the whole prompt would tax every chunk
+        cache.ensure(max(len(blocks) for blocks in found) * PREFIX_BLOCK + 1)
         cached = []
-        for b, r in enumerate(requests):
-            blocks = prefix.match(r.prompt) if prefix is not None else []
+        for b, (r, blocks) in enumerate(zip(requests, found)):
             for i, (k, v) in enumerate(blocks):
                 cache.k[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = k
                 cache.v[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = v

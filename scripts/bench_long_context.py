@@ -148,7 +148,7 @@ def shared_system(model, mb: int, max_new: int, users: int = 8) -> dict:
     return out
 
 
-def interleave(model, context: int) -> dict:
+def interleave(model, context: int, budget_s: float) -> dict:
     """A short request decodes (target-only) while a `context`-token prompt is prefilled beside it: the short
     row's time between tokens before (idle) and during the long prefill."""
     from specc.runtime.scheduler import Scheduler
@@ -160,9 +160,11 @@ def interleave(model, context: int) -> dict:
     scheduler.submit(model.new_request(0, code[-100:], 400, params, 0))  # code goes on; a story may end at once
     gaps: dict[str, list[float]] = {"idle": [], "prefilling": []}
     last = None
+    deadline = None
     for phase in ("idle", "prefilling"):
         if phase == "prefilling":
             scheduler.submit(model.new_request(1, long_ids, 4, params, 1))
+            deadline = time.perf_counter() + budget_s
         while scheduler.busy:
             events = scheduler.step()
             now = time.perf_counter()
@@ -174,11 +176,16 @@ def interleave(model, context: int) -> dict:
                 break
             if phase == "prefilling" and scheduler.prefilling is None and any(e.index == 1 for e in events):
                 break
+            if phase == "prefilling" and now > deadline:  # measured long enough: the prompt need not finish
+                break
+    entered = sum(scheduler.prefilling.entered) if scheduler.prefilling is not None else len(long_ids)
     idle, busy = statistics.median(gaps["idle"]), statistics.median(gaps["prefilling"])
     print(f"  inter-token latency of a decoding row: idle {idle * 1000:.0f} ms, beside a {context}-token prefill "
-          f"{busy * 1000:.0f} ms (median of {len(gaps['prefilling'])}, max {max(gaps['prefilling']) * 1000:.0f} ms)", flush=True)
+          f"{busy * 1000:.0f} ms (median of {len(gaps['prefilling'])}, max {max(gaps['prefilling']) * 1000:.0f} ms; "
+          f"{entered} of {len(long_ids)} prompt tokens entered)", flush=True)
     return {"context": context, "idle_itl_s": idle, "prefilling_itl_s": busy, "max_prefilling_itl_s": max(gaps["prefilling"]),
-            "tokens_during_prefill": len(gaps["prefilling"]), "ratio": busy / idle}
+            "tokens_during_prefill": len(gaps["prefilling"]), "ratio": busy / idle,
+            "prompt_tokens_entered": entered, "prefill_finished": entered == len(long_ids)}
 
 
 def as_results(result: dict, drafter: str) -> dict:
@@ -222,6 +229,8 @@ def main() -> int:
                         "prompt by prompt)")
     p.add_argument("--interleave", type=int, default=0, metavar="TOKENS",
                    help="also measure a decoding row's inter-token latency beside a prefill of this many tokens")
+    p.add_argument("--interleave-seconds", type=float, default=300.0, metavar="S",
+                   help="--interleave: stop measuring after this long even if the long prompt is not prefilled yet")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     model = specc.load(args.bundle)
@@ -250,7 +259,7 @@ def main() -> int:
                                 args.unchunked_max)
         save()
     if args.interleave:
-        result["interleave"] = interleave(model, args.interleave)
+        result["interleave"] = interleave(model, args.interleave, args.interleave_seconds)
         save()
     if args.prefix_cache:
         off, on = chat(model, 0, 32), chat(model, args.prefix_cache, 32)

@@ -27,7 +27,7 @@ from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
 from .state import Batch, Request
-from .step import INTERLEAVE_SHARE, INTERLEAVE_START
+from .step import INTERLEAVE_MIN, INTERLEAVE_SHARE, INTERLEAVE_START
 from .stats import RunStats
 
 if TYPE_CHECKING:
@@ -161,14 +161,16 @@ class Scheduler:
         rounds at the last such chunk's seconds per token, so the rows' time between tokens stays within
         about 1 + INTERLEAVE_SHARE rounds. That cost per token includes the pass's fixed part, so a chunk
         that ran under its budget grows the next one and one that ran over shrinks it, to the size whose
-        pass takes the budget (within a factor of two per step, and at most `model.interleave_chunk`)."""
+        pass takes the budget (within a factor of two per step, between INTERLEAVE_MIN and
+        `model.interleave_chunk`). Where even INTERLEAVE_MIN tokens cost more than the budget (a long
+        context's attention on a small model), the rows wait longer rather than the prompt stalling."""
         last, cap = self._chunk_tokens, self.model.interleave_chunk
         if self._round_s is None or self._chunk_token_s is None:
             size = min(cap, INTERLEAVE_START)
         else:
             size = int(INTERLEAVE_SHARE * self._round_s / self._chunk_token_s)
             size = max(last // 2, min(2 * last, size))
-        self._chunk_tokens = max(1, min(cap, self.model.prefill_chunk, size))
+        self._chunk_tokens = max(min(INTERLEAVE_MIN, cap), min(cap, self.model.prefill_chunk, size))
         return self._chunk_tokens
 
     def _round(self, batch: Batch) -> list[StreamEvent]:

@@ -7,13 +7,12 @@ and the context so far, so every round stays an ordinary lossless speculative ro
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
+from typing import TYPE_CHECKING
 
 from ..limits import auto_k_max
 from ..speculation.tree import DraftTree, rerank
-from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, RoundRecord, CostLine
+from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, CostLine, RoundRecord
 from .drafters.base import DraftPlan, Drafter
 from .rounds import RoundResult
 from .state import Batch

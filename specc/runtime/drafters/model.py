@@ -17,6 +17,12 @@ from .loops import draft_chain, grow_tree
 
 
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
+DRAFT_WINDOW = 2048  # a row's draft cache takes in at most its last this many prompt tokens (ModelDrafter)
+SKIPPED = "model:skipped"  # Request.draft_memo: the row's leading tokens its draft cache never took in
+
+
+def _skipped(seq) -> int:
+    return seq.draft_memo.get(SKIPPED, 0)
 
 
 class ModelDrafter(GraphDrafter):
@@ -26,6 +32,9 @@ class ModelDrafter(GraphDrafter):
     admission, so requests that are never drafted for (adaptive k at 0, a probe that skips cold
     rows) never pay for the draft's prefill. Rows far behind (new ones, or after plain rounds)
     catch up in a call of their own before the round, so they do not widen the others' feed.
+    A long prompt enters only its last DRAFT_WINDOW tokens (at positions from 0): what the draft
+    proposes depends mostly on the recent context, and drafts never change what is accepted, so
+    speculation adds a bounded prefill to a long prompt's instead of a second one nearly as long.
     """
 
     kind = "model"
@@ -44,8 +53,14 @@ class ModelDrafter(GraphDrafter):
         cache = self.cache(batch)
         if not isinstance(cache, KVCache):
             return [0] * len(batch.seqs)
-        return [len(s.tokens) - 1 - n if n == 0 or len(s.tokens) - n > CATCH_UP else 0
-                for s, n in zip(batch.seqs, cache.lengths.tolist())]
+        out = []
+        for s, n in zip(batch.seqs, cache.lengths.tolist()):
+            if n == 0:
+                out.append(min(len(s.tokens) - 1, DRAFT_WINDOW))
+            else:
+                lag = len(s.tokens) - 1 - _skipped(s) - n
+                out.append(lag if lag + 1 > CATCH_UP else 0)
+        return out
 
     def catch_up(self, batch: Batch, warm: bool = True) -> tuple[list[int], int]:
         """Enter the tokens of rows far behind (all but the pending one) in a call over those rows only;
@@ -58,7 +73,11 @@ class ModelDrafter(GraphDrafter):
         lag = self.behind(batch)
         rows = [b for b, d in enumerate(lag) if d and (warm or lengths[b] > 0)]
         if rows:
-            sub, todo = cache.take(rows), [batch.seqs[b].tokens[lengths[b]:-1] for b in rows]
+            for b in rows:
+                if lengths[b] == 0:
+                    batch.seqs[b].draft_memo[SKIPPED] = max(0, len(batch.seqs[b].tokens) - 1 - DRAFT_WINDOW)
+            sub = cache.take(rows)
+            todo = [batch.seqs[b].tokens[_skipped(batch.seqs[b]) + lengths[b]:-1] for b in rows]
             width = max(len(t) for t in todo)
             sub.ensure(int(sub.lengths.max()) + width)
             for lo in range(0, width, self.prefill_chunk):  # a long prompt in chunks, like the target's prefill
@@ -72,7 +91,8 @@ class ModelDrafter(GraphDrafter):
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
         if batch.draft_state is not None:
-            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths)
+            skipped = torch.tensor([_skipped(s) for s in batch.seqs], device=batch.cache.lengths.device)
+            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths - skipped)
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         start = time.perf_counter()
@@ -85,7 +105,7 @@ class ModelDrafter(GraphDrafter):
         # token, commit nothing and propose nothing.
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[n:]
+        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[_skipped(s) + n:]
                                   for b, (s, n) in enumerate(zip(batch.seqs, lengths))], cache.lengths.device)
         drafting = torch.ones_like(n_feed)
         drafting[cold] = 0
@@ -107,7 +127,8 @@ class ModelDrafter(GraphDrafter):
         self.catch_up(batch)
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[n:] for s, n in zip(batch.seqs, lengths)], cache.lengths.device)
+        feed, n_feed = pad_right([s.tokens[_skipped(s) + n:] for s, n in zip(batch.seqs, lengths)],
+                                 cache.lengths.device)
         cache.ensure(max(lengths) + feed.shape[1] + shape.size)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
         cache.commit(new_k, new_v, n_feed)

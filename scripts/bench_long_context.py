@@ -61,7 +61,7 @@ def timed(model, prompts: list[list[int]], max_new: int, **kw) -> dict:
     return {"ttft_s": ttft, "total_s": end - start, "decode_tok_s": decode, "tokens": [tokens[i] for i in range(len(prompts))]}
 
 
-def sweep(model, contexts: list[int], max_new: int, llama, unchunked_max: int) -> list[dict]:
+def sweep(model, contexts: list[int], max_new: int, llama, unchunked_max: int, systems: set[str]) -> list[dict]:
     tok = model.tokenizer
     text_ids = tok(source_text(), add_special_tokens=False)["input_ids"]
     instr = tok(INSTRUCTION, add_special_tokens=False)["input_ids"]
@@ -72,7 +72,7 @@ def sweep(model, contexts: list[int], max_new: int, llama, unchunked_max: int) -
         chunk = model.prefill_chunk
         for name, spec, whole in (("target_only", False, False), ("target_only_unchunked", False, True),
                                   ("speculative", True, False)):
-            if whole and (not hasattr(model, "prefill_chunk") or len(prompt) > unchunked_max):
+            if name not in systems or whole and (not hasattr(model, "prefill_chunk") or len(prompt) > unchunked_max):
                 continue
             model.prefill_chunk = 10**9 if whole else chunk  # unchunked: the whole prompt in one pass
             r = timed(model, [prompt], max_new, speculative=spec)
@@ -84,7 +84,7 @@ def sweep(model, contexts: list[int], max_new: int, llama, unchunked_max: int) -
                   flush=True)
         row["equal"] = all(o == row["outputs"][0] for o in row["outputs"])
         del row["outputs"]
-        if llama is not None:
+        if llama is not None and "llamacpp" in systems:
             row["llamacpp"] = run_llama(llama, prompt, max_new, model.eos_ids)
             print(f"  {len(prompt):>6} llama.cpp    ttft {row['llamacpp']['ttft_s']:7.2f} s  decode "
                   f"{row['llamacpp']['decode_tok_s']:6.1f} tok/s", flush=True)
@@ -224,6 +224,8 @@ def main() -> int:
     p.add_argument("--prefix-cache", type=int, default=0, metavar="MB",
                    help="also run the chat and shared-system-prompt benchmarks, with this cache budget (0: skip them)")
     p.add_argument("--skip-sweep", action="store_true", help="only the prefix-cache benchmarks")
+    p.add_argument("--systems", default="target_only,target_only_unchunked,speculative,llamacpp",
+                   help="which of the sweep's systems run (comma-separated)")
     p.add_argument("--unchunked-max", type=int, default=2048, metavar="TOKENS",
                    help="the sweep's whole-prompt prefill runs only up to this context (its mask and scores are "
                         "prompt by prompt)")
@@ -256,7 +258,7 @@ def main() -> int:
 
     if not args.skip_sweep:
         result["sweep"] = sweep(model, [int(c) for c in args.contexts.split(",")], args.max_new_tokens, llama,
-                                args.unchunked_max)
+                                args.unchunked_max, set(args.systems.split(",")))
         save()
     if args.interleave:
         result["interleave"] = interleave(model, args.interleave, args.interleave_seconds)

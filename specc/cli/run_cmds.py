@@ -296,7 +296,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--llamacpp-target", type=Path, metavar="GGUF", help="--compare llamacpp: target GGUF (default: the "
                    "GGUF the bundle's target came from)")
     p.add_argument("--llamacpp-draft", type=Path, metavar="GGUF", help="--compare llamacpp: draft GGUF (default: the GGUF "
-                   "of a bundle's draft model; none: prompt lookup)")
+                   "of a bundle's draft model; without one, prompt lookup)")
     p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may "
                    "use, as ONNX Runtime)")
     add_warm(p)

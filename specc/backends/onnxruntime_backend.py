@@ -6,7 +6,6 @@ import os
 import shutil
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -14,7 +13,7 @@ from torch.export import ExportedProgram
 
 from ..hardware import usable_cores
 from ..onnx_passes import QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
-from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, FeedCacheByLayer, layer_input
+from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, FeedCacheByLayer, by_layer
 from ..onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from .base import LowerOptions, check_engine_matches, require_version
 from .onnx_export import export_onnx, fused_op_counts, opset_of
@@ -77,7 +76,7 @@ class OnnxRuntimeBackend:
             export_onnx(program, path, input_names, output_names, OPSET)
             feed_cache_by_layer(path)
         files = sorted(p.name for p in out_dir.iterdir())
-        entry, facts = FILE, cache_layout(path)
+        entry, facts = FILE, cache_layout(path)  # of the graph exported here or copied from an earlier lowering
         if options.weight_quant is not None:
             entry = NBITS_FILE
             facts["weight_quant"] = quantize_blocks(path, out_dir / entry, options.weight_quant)
@@ -129,8 +128,8 @@ def cache_layout(path: Path) -> dict:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    _, _, layers = abi_inputs([SimpleNamespace(name=i.name, shape=[]) for i in model.graph.input])
-    return {"cache_by_layer": layers["k_cache"]} if "k_cache" in layers else {}
+    layers = sum(1 for i in model.graph.input if i.name.rpartition(".")[0] == "k_cache")
+    return {"cache_by_layer": layers} if layers else {}
 
 
 def abi_inputs(inputs) -> tuple[list[str], list, dict[str, int]]:
@@ -242,7 +241,7 @@ class OrtRunner:
         for name, t in zip(self.input_names, inputs):
             array = np.ascontiguousarray(t.numpy())
             if name in self.layers:
-                feeds.update((layer_input(name, i), array[i]) for i in range(self.layers[name]))
+                feeds.update(by_layer(name, array, self.layers[name]))
             else:
                 feeds[name] = array
         return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]

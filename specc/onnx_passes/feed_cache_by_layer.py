@@ -23,6 +23,11 @@ def layer_input(name: str, layer: int) -> str:
     return f"{name}.{layer}"
 
 
+def by_layer(name: str, stacked, layers: int) -> list[tuple[str, object]]:
+    """A stacked cache input's feeds for a graph that takes it by layer: (input name, its layer slice)."""
+    return [(layer_input(name, i), stacked[i]) for i in range(layers)]
+
+
 def _constants(model) -> dict[str, np.ndarray]:
     from onnx import helper, numpy_helper
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
-from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, layer_input
+from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, by_layer
 from ..runtime.engines import open_runner
 from ..runtime.model import SpecModel, load
 from .orchestrator import Orchestrator
@@ -114,7 +114,7 @@ class BLSRunner:
         tensors = []
         for name, t in zip(self.input_names, inputs):
             if self.cache_by_layer and name in CACHE_INPUTS:
-                tensors += [_to_pb(pb, layer_input(name, i), t[i]) for i in range(self.cache_by_layer)]
+                tensors += [_to_pb(pb, n, layer) for n, layer in by_layer(name, t, self.cache_by_layer)]
             else:
                 tensors.append(_to_pb(pb, name, t))
         request = pb.InferenceRequest(model_name=self.model_name, requested_output_names=self.output_names,

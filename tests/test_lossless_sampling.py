@@ -221,3 +221,20 @@ def test_early_stops_of_a_draft_model_keep_the_target_distribution(small_vocab):
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
             f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
+
+
+def test_a_draft_window_keeps_the_target_distribution(small_vocab, monkeypatch):
+    """A draft model that took in only the prompt's last 2 tokens proposes from less context (its own q);
+    the acceptance rule still yields the target's distribution (the rule's twin: test_broken_acceptance_rule_is_caught)."""
+    from specc.runtime.drafters import model as model_drafter
+
+    monkeypatch.setattr(model_drafter, "DRAFT_WINDOW", 2)
+    target, bundles = small_vocab
+    params = PARAMS[0]
+    assert len(PROMPT) > 3
+    exact = exact_marginals(target, params)
+    samples, stats = draw(bundles["chain"], params)
+    assert 0.01 < stats["acceptance_rate"] < 0.95
+    for pos in range(3):
+        assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
+            f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")

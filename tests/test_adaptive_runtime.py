@@ -50,7 +50,7 @@ def test_the_model_arm_drafts_with_the_model_where_lookup_finds(bundles, prompts
         scheduler.step()
     stats = scheduler.stats.speculation
     assert ("model", True) in asked  # the model drafted where lookup had found something
-    assert stats.rounds == len(asked) and stats.lookup_rounds == sum(arm == "lookup" for arm, _ in asked)
+    assert stats.rounds == len(asked) and stats.front_rounds == sum(arm == "lookup" for arm, _ in asked)
 
 
 def test_draft_model_reports_what_it_must_take_in(bundles, prompts):

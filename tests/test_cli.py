@@ -42,7 +42,7 @@ def test_generate_prints_text_and_stats(cli_bundle, capsys):
 def test_generate_reports_lookup_rounds(bundles, capsys):
     """A draft.lookup bundle: the stats table says how many rounds prompt lookup drafted."""
     assert main(["generate", str(bundles["lookup_first"]), "--prompt", "abcabcabcabc", "--max-new-tokens", "16"]) == 0
-    assert "prompt-lookup rounds (acceptance)" in capsys.readouterr().err
+    assert "prompt lookup rounds (acceptance)" in capsys.readouterr().err
     assert main(["inspect", str(bundles["lookup_first"])]) == 0
     assert "prompt lookup first (n-grams 2..3)" in capsys.readouterr().out
 

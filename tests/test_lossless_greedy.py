@@ -72,8 +72,8 @@ def test_lookup_first_uses_both_drafters(bundles, prompts):
     """draft.lookup: lookup drafts the rounds where it finds a continuation, the model the others."""
     model = specc.load(bundles["lookup_first"])
     _, stats = _mismatches(model, prompts, 1)
-    assert 0 < stats["lookup_rounds"] < stats["rounds"]
-    assert stats["lookup_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None
+    assert 0 < stats["front_rounds"] < stats["rounds"]
+    assert stats["front_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -86,7 +86,7 @@ def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch):
     model.drafter = LookupFirstDrafter(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), model.drafter)
     bad, stats = _mismatches(model, prompts, batch, k=3)
     assert bad == []
-    assert 0 < stats["lookup_rounds"] < stats["rounds"] and stats["lookup_acceptance_rate"] < 1
+    assert 0 < stats["front_rounds"] < stats["rounds"] and stats["front_acceptance_rate"] < 1
     assert stats["model_acceptance_rate"] == 1.0
 
 
@@ -122,8 +122,8 @@ def test_early_stops_match_target_only(bundles, prompts, name):
     model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, 3, k=4, stop_below=0.5)
     assert bad == []
-    drafted_rounds = stats["rounds"] - stats["lookup_rounds"]
-    assert stats["rounds"] < stats["drafted"] < 4 * drafted_rounds + 4 * stats["lookup_rounds"], "some chains stop early"
+    drafted_rounds = stats["rounds"] - stats["front_rounds"]
+    assert stats["rounds"] < stats["drafted"] < 4 * drafted_rounds + 4 * stats["front_rounds"], "some chains stop early"
 
 
 @pytest.mark.parametrize("name, batch", [("draft", 3), ("lookup_first", 3), ("tree_dynamic", 2)])

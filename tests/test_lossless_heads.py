@@ -56,7 +56,7 @@ def test_greedy_equals_target_only(head_bundles, name):
     stats = assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
     assert stats["rounds"] > 0
     if name == "eagle_lookup":  # prompt lookup drafts some rounds, the head the others
-        assert 0 < stats["lookup_rounds"] < stats["rounds"]
+        assert 0 < stats["front_rounds"] < stats["rounds"]
 
 
 @pytest.mark.parametrize("name", ["eagle_tree", "medusa_tree"])
@@ -80,7 +80,7 @@ def test_eagle_behind_lookup_greedy_under_flipping_k(head_bundles, monkeypatch):
     monkeypatch.setattr("specc.runtime.planning.AdaptiveK", FlippingK)
     _, bundles = head_bundles
     stats = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k="auto")
-    assert 0 < stats["lookup_rounds"] < stats["rounds"]
+    assert 0 < stats["front_rounds"] < stats["rounds"]
 
 
 def test_eagle_features_stay_in_step_under_flipping_k(head_bundles, monkeypatch):
@@ -166,7 +166,7 @@ def test_early_stops_greedy_equals_target_only(head_bundles):
     assert full["drafted"] == 3 * full["rounds"]
     assert stopped["rounds"] < stopped["drafted"] < 3 * stopped["rounds"], "some chains must stop early, not all at once"
     behind_lookup = assert_greedy_lossless(bundles["eagle_lookup"], token_prompts(16), batch=4, k=None, stop_below=STOP)
-    assert 0 < behind_lookup["lookup_rounds"] < behind_lookup["rounds"]
+    assert 0 < behind_lookup["front_rounds"] < behind_lookup["rounds"]
 
 
 @pytest.mark.parametrize("broken", [None, "wrong_q"])

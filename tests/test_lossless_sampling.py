@@ -103,8 +103,8 @@ def test_lookup_first_sampled_output_has_target_distribution(small_vocab):
     params, prompt = PARAMS[1], LOOKUP_PROMPT
     exact = exact_marginals(target, params, prompt)
     samples, stats = draw(bundles["lookup_first"], params, prompt, batch=4)
-    assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8
-    assert 0 < stats["lookup_acceptance_rate"] < 0.95 and 0 < stats["model_acceptance_rate"] < 0.95
+    assert 0.2 < stats["front_rounds"] / stats["rounds"] < 0.8
+    assert 0 < stats["front_acceptance_rate"] < 0.95 and 0 < stats["model_acceptance_rate"] < 0.95
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
             f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")
@@ -128,8 +128,8 @@ def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab
     params, prompt = PARAMS[1], LOOKUP_PROMPT
     exact = exact_marginals(target, params, prompt)
     samples, stats = draw(bundles["lookup_first"], params, prompt, batch=4, k="auto")
-    assert 0.2 < stats["lookup_rounds"] / stats["rounds"] < 0.8 and 0 < stats["accepted"] < stats["drafted"]
-    assert stats["lookup_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None  # both drafted
+    assert 0.2 < stats["front_rounds"] / stats["rounds"] < 0.8 and 0 < stats["accepted"] < stats["drafted"]
+    assert stats["front_acceptance_rate"] is not None and stats["model_acceptance_rate"] is not None  # both drafted
     for pos in range(3):
         assert chi2_pvalue(samples[:, pos], exact[pos]) > PASS_P, (
             f"position {pos}, TV {total_variation(samples[:, pos], exact[pos]):.3f}")

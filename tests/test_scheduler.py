@@ -435,7 +435,7 @@ def test_prompt_lookup_in_front_of_a_drafter():
     model = FakeModel(drafter, max_batch=4)
     run = drive(model, requests(model, lengths=[30] * 8), k=3)
     assert run.tokens == table_outputs(lengths=[30] * 8)
-    lookup = sum(s["lookup_rounds"] for s in run.stats.values())
+    lookup = sum(s["front_rounds"] for s in run.stats.values())
     assert 0 < lookup < sum(s["rounds"] for s in run.stats.values())
     # the inner drafter's drafts are all wrong, so every accepted draft is lookup's
     assert sum(s["accepted"] for s in run.stats.values()) > 0 and sum(len(v) for v in inner.log.values()) > 0
@@ -452,4 +452,4 @@ def test_the_policys_arms_under_a_flipping_policy(monkeypatch):
     assert run.tokens == table_outputs(lengths=[30] * 8)
     (policy,) = model.policies.values()
     assert policy.arms == ("model", "lookup") and inner.log
-    assert 0 < sum(s["lookup_rounds"] for s in run.stats.values()) < sum(s["rounds"] for s in run.stats.values())
+    assert 0 < sum(s["front_rounds"] for s in run.stats.values()) < sum(s["rounds"] for s in run.stats.values())

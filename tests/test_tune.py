@@ -45,12 +45,15 @@ def test_speedup_model():
     assert predicted_speedup(acc, 2, both) > predicted_speedup(Acceptance(geometric(0.5, 2)), 2, both)  # cheaper, better
 
 
-def test_acceptance_of_a_run_splits_lookup_and_model_rounds():
-    from specc.runtime.stats import LOOKUP, RowStats
+@pytest.mark.parametrize("front", ["lookup", "suffix"])
+def test_acceptance_of_a_run_splits_front_and_model_rounds(front):
+    """Rounds of prompt lookup or of the suffix drafter in front of a draft model are one arm, the model's the other."""
+    from specc.runtime.stats import LOOKUP, SUFFIX, RowStats
 
+    source = {"lookup": LOOKUP, "suffix": SUFFIX}[front]
     run = RowStats()
-    for n_draft, n_acc, source in [(3, 3, LOOKUP), (3, 1, LOOKUP), (3, 0, "model"), (3, 2, "model"), (3, 3, "model")]:
-        run.record(n_draft, n_acc, source)
+    for n_draft, n_acc, by in [(3, 3, source), (3, 1, source), (3, 0, "model"), (3, 2, "model"), (3, 3, "model")]:
+        run.record(n_draft, n_acc, by)
     acc = Acceptance.of(run, has_model=True, has_lookup=True)
     assert acc.hit_rate == pytest.approx(2 / 5)
     assert acc.lookup == pytest.approx([1.0, 0.5, 0.5]) and acc.model == pytest.approx([2 / 3, 2 / 3, 1 / 3])

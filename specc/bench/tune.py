@@ -25,9 +25,9 @@ text carry long chains, so alpha pooled over a run at k_max overstates the first
 - prompt lookup has no draft model: a round costs one n-gram lookup (measured, ~0) and the
   lookup finds a continuation in a fraction h of rounds (s_i over those rounds); a round without one
   is a plain decode step, so S(k) = (h E(k) + 1 - h) / ((lookup + h c_v(k) + (1 - h) c_t) / c_t).
-- prompt lookup in front of a draft model (draft.lookup): every round costs the lookup; a fraction
-  h of rounds is drafted by lookup (its own s_i, E_l), the rest by the model (E_m, k c_d), and
-  every round is verified:
+- prompt lookup or the suffix drafter in front of a draft model (draft.lookup, draft.suffix): every
+  round costs the lookup; a fraction h of rounds is drafted by the lookup (its own s_i, E_l), the
+  rest by the model (E_m, k c_d), and every round is verified:
   S(k) = (h E_l(k) + (1 - h) E_m(k)) / ((lookup + (1 - h) k c_d + c_v(k)) / c_t).
 - the model is of full chains: s_i, the costs and the checks run with draft.stop_below 0, and
   a bundle compiled with stop_below > 0 is also measured as compiled, beside them.
@@ -61,7 +61,8 @@ class Costs:
 
 @dataclass
 class Acceptance:
-    """How far each way of drafting a round gets, and how often prompt lookup drafts the round.
+    """How far each way of drafting a round gets, and how often the drafter without a graph (prompt lookup,
+    the suffix drafter) drafts the round.
 
     A survival curve [s_1, s_2, ...] gives, for each draft position i, the fraction of an arm's rounds
     whose first i drafts were all accepted (measured with full chains): a round of k drafts then yields
@@ -69,8 +70,8 @@ class Acceptance:
     would make of the same run (s_i = alpha^i); it is reported, not used."""
 
     model: list[float] | None  # survival of rounds a draft graph drafts (None: the drafter has no draft graph)
-    lookup: list[float] | None = None  # survival of rounds prompt lookup drafts (None: no prompt lookup)
-    hit_rate: float = 0.0  # h: the fraction of rounds prompt lookup drafts
+    lookup: list[float] | None = None  # survival of rounds prompt lookup or the suffix drafter drafts (None: neither)
+    hit_rate: float = 0.0  # h: the fraction of rounds they draft
     alpha_model: float | None = None
     alpha_lookup: float | None = None
 
@@ -88,11 +89,11 @@ class Acceptance:
             found = run.drafted_at[0] if run.drafted_at else 0
             survival, alpha = arm(run.accepted_at, found, run.accepted, run.rejected)
             return cls(None, survival, found / run.rounds if run.rounds else 0.0, alpha_lookup=alpha)
-        lookup_at = run.lookup_accepted_at + [0] * (len(run.accepted_at) - len(run.lookup_accepted_at))
-        model, alpha_m = arm([a - b for a, b in zip(run.accepted_at, lookup_at)], run.rounds - run.lookup_rounds,
-                             run.accepted - run.lookup_accepted, run.rejected - run.lookup_rejected)
-        lookup, alpha_l = arm(lookup_at, run.lookup_rounds, run.lookup_accepted, run.lookup_rejected)
-        return cls(model, lookup, run.lookup_rounds / run.rounds if run.rounds else 0.0, alpha_m, alpha_l)
+        front_at = run.front_accepted_at + [0] * (len(run.accepted_at) - len(run.front_accepted_at))
+        model, alpha_m = arm([a - b for a, b in zip(run.accepted_at, front_at)], run.rounds - run.front_rounds,
+                             run.accepted - run.front_accepted, run.rejected - run.front_rejected)
+        lookup, alpha_l = arm(front_at, run.front_rounds, run.front_accepted, run.front_rejected)
+        return cls(model, lookup, run.front_rounds / run.rounds if run.rounds else 0.0, alpha_m, alpha_l)
 
 
 def chain_tokens(survival: list[float], k: int) -> float:

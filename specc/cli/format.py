@@ -10,8 +10,9 @@ from ..errors import escape_control
 from ..limits import context_cost, kv_bytes_per_token
 
 
-def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False) -> str:
-    """The stats table of `specc generate`; lookup_first adds the split between prompt-lookup and model rounds."""
+def format_run_stats(stats: dict, speculative: bool, front: str | None = None) -> str:
+    """The stats table of `specc generate`; front (the drafter in front of a draft model: "prompt lookup",
+    "suffix") adds the split between its rounds and the model's."""
     rows = [
         ["new tokens", stats["new_tokens"]],
         ["seconds", stats["seconds"]],
@@ -26,9 +27,9 @@ def format_run_stats(stats: dict, speculative: bool, lookup_first: bool = False)
             ["tokens per target pass", stats["tokens_per_target_pass"]],
             ["acceptance by position", " ".join(f"{a:.2f}" for a in stats["acceptance_by_position"] if a is not None)],
         ]
-        if lookup_first:
-            rows.append(["prompt-lookup rounds (acceptance)",
-                         f"{stats['lookup_rounds']} of {stats['rounds']} ({fmt(stats['lookup_acceptance_rate'])}; "
+        if front:
+            rows.append([f"{front} rounds (acceptance)",
+                         f"{stats['front_rounds']} of {stats['rounds']} ({fmt(stats['front_acceptance_rate'])}; "
                          f"model rounds {fmt(stats['model_acceptance_rate'])})"])
     return table(["stat", "value"], rows, "ll")
 

@@ -135,7 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for i in range(len(items)):
             print(f"--- [{i}] {items[i]['prompt'][:60]!r}\n{texts[i]}")
     speculative = not args.no_speculation and model.can_speculate
-    print(format_run_stats(stats, speculative, lookup_first=speculative and model.lookup_first), file=sys.stderr)
+    print(format_run_stats(stats, speculative, front=model.front_drafter if speculative else None), file=sys.stderr)
     write_json(args, result)
     return 0
 

@@ -117,13 +117,20 @@ class SpecModel:
         return isinstance(self.drafter, LookupFirstDrafter)
 
     @property
+    def front_drafter(self) -> str | None:
+        """The drafter in front of the draft model, if any: "prompt lookup" (draft.lookup), "suffix" (draft.suffix)."""
+        from .drafters.suffix import SuffixFirstDrafter
+
+        if self.lookup_first:
+            return "prompt lookup"
+        return "suffix" if isinstance(self.drafter, SuffixFirstDrafter) else None
+
+    @property
     def draft_label(self) -> str:
         """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter, 'model+suffix'
         for the suffix drafter in front of a draft model."""
-        from .drafters.suffix import SuffixFirstDrafter
-
-        suffix = isinstance(self.drafter, SuffixFirstDrafter)
-        return self.draft_method + ("+lookup" if self.lookup_first else "") + ("+suffix" if suffix else "")
+        front = self.front_drafter
+        return self.draft_method + ({"prompt lookup": "+lookup", "suffix": "+suffix"}[front] if front else "")
 
     @property
     def suffix_cache(self):

@@ -95,10 +95,12 @@ class Scheduler:
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
         # what sizes a prompt's chunks beside decoding rows (_interleave_size): a round's seconds (moving average),
-        # the last such chunk's seconds per prompt token and its tokens
+        # the last such chunk's seconds per prompt token and its tokens; and what paces them (step): the seconds
+        # of prefill the rows' rounds have paid for, INTERLEAVE_SHARE of each round's, less the chunks' own
         self._round_s: float | None = None
         self._chunk_token_s: float | None = None
         self._chunk_tokens = INTERLEAVE_START
+        self._credit = 0.0
 
     def submit(self, request: Request) -> None:
         with self._lock:
@@ -130,16 +132,21 @@ class Scheduler:
 
         Waiting requests are admitted when no prefill is under way (runtime/prefill.py). A long prompt
         prefills one chunk per step, and the running batch gets a round after each chunk, so its rows
-        keep producing tokens. A step whose prefill finished returns the new rows' first tokens at once
-        (the round follows in the next step), so time to first token is the prefill's, not the prefill's
-        plus a round's."""
+        keep producing tokens. Beside decoding rows the prompt takes about INTERLEAVE_SHARE of their
+        time: where its smallest chunk costs more than that (a long context on a small model), a chunk
+        runs only once the rounds since the last one have paid for it, so the rows' mean time between
+        tokens stays within 1 + INTERLEAVE_SHARE rounds and the prompt still moves every few rounds.
+        A step whose prefill finished returns the new rows' first tokens at once (the round follows in
+        the next step), so time to first token is the prefill's, not the prefill's plus a round's."""
         start = time.perf_counter()
         self.last_round = None
         events = self._drop_cancelled()
         if self.prefilling is None:
             self.prefilling = self._admit()
+        if self.batch is None:
+            self._credit = 0.0  # what the prompt owed was owed to rows that have left
         joined = False
-        if self.prefilling is not None:
+        if self.prefilling is not None and (self.batch is None or self._credit >= 0):
             began = time.perf_counter()
             size = self.model.prefill_chunk if self.batch is None else self._interleave_size()
             entered = sum(self.prefilling.entered)
@@ -148,6 +155,7 @@ class Scheduler:
             self.stats.prefill_seconds += spent
             if self.batch is not None:
                 self._chunk_token_s = spent / max(1, sum(self.prefilling.entered) - entered)
+                self._credit -= spent
             if self.prefilling.done:
                 events += self._join(self.prefilling)
                 self.prefilling, joined = None, True
@@ -163,7 +171,7 @@ class Scheduler:
         that ran under its budget grows the next one and one that ran over shrinks it, to the size whose
         pass takes the budget (within a factor of two per step, between INTERLEAVE_MIN and
         `model.interleave_chunk`). Where even INTERLEAVE_MIN tokens cost more than the budget (a long
-        context's attention on a small model), the rows wait longer rather than the prompt stalling."""
+        context's attention on a small model), `step` runs such a chunk every few rounds instead."""
         last, cap = self._chunk_tokens, self.model.interleave_chunk
         if self._round_s is None or self._chunk_token_s is None:
             size = min(cap, INTERLEAVE_START)
@@ -188,6 +196,7 @@ class Scheduler:
         if self.sizer is not None:
             self.sizer.observe(result.width, seconds, sum(result.accepted))
         self._round_s = seconds if self._round_s is None else 0.8 * self._round_s + 0.2 * seconds
+        self._credit = min(0.0, self._credit + INTERLEAVE_SHARE * seconds)  # no savings: a chunk never bursts
         self._account(batch, result)
         events = self._advance(batch, result.tokens, result.logprobs)
         if not batch.seqs:

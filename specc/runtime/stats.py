@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LOOKUP = "lookup"  # Proposal.source of a prompt-lookup round in front of a draft model (draft.lookup)
+SUFFIX = "suffix-first"  # Proposal.source of a suffix round in front of a draft model (draft.suffix)
+FRONT = (LOOKUP, SUFFIX)  # rounds a drafter with no graph takes in front of a draft model
 
 
 @dataclass
@@ -14,53 +16,54 @@ class RowStats:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
-    lookup_rounds: int = 0  # rounds drafted by prompt lookup in front of a draft model (draft.lookup) ...
-    lookup_drafted: int = 0  # ... and their drafted and accepted tokens, and those that ended at a rejection
-    lookup_accepted: int = 0
-    lookup_rejected: int = 0
+    front_rounds: int = 0  # rounds drafted in front of a draft model (FRONT sources) ...
+    front_drafted: int = 0  # ... and their drafted and accepted tokens, and those that ended at a rejection
+    front_accepted: int = 0
+    front_rejected: int = 0
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
-    lookup_accepted_at: list[int] = field(default_factory=list)  # ... of the rounds prompt lookup drafted
+    front_accepted_at: list[int] = field(default_factory=list)  # ... of the FRONT rounds
 
     def record(self, n_draft: int, n_acc: int, source: str = "") -> None:
         """One round of this row: n_draft tokens proposed (by `source`, see Proposal), n_acc accepted."""
         self.rounds += 1
-        if source == LOOKUP:
-            self.lookup_rounds += 1
-            self.lookup_drafted += n_draft
-            self.lookup_accepted += n_acc
-            self.lookup_rejected += n_acc < n_draft
+        front = source in FRONT
+        if front:
+            self.front_rounds += 1
+            self.front_drafted += n_draft
+            self.front_accepted += n_acc
+            self.front_rejected += n_acc < n_draft
         self.drafted += n_draft
         self.accepted += n_acc
         self.rejected += n_acc < n_draft
         accepted = [int(i < n_acc) for i in range(n_draft)]
         _add_at(self.drafted_at, [1] * n_draft)
         _add_at(self.accepted_at, accepted)
-        if source == LOOKUP:
-            _add_at(self.lookup_accepted_at, accepted)
+        if front:
+            _add_at(self.front_accepted_at, accepted)
 
     def merge(self, other: "RowStats") -> None:
         self.rounds += other.rounds
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.rejected += other.rejected
-        self.lookup_rounds += other.lookup_rounds
-        self.lookup_drafted += other.lookup_drafted
-        self.lookup_accepted += other.lookup_accepted
-        self.lookup_rejected += other.lookup_rejected
+        self.front_rounds += other.front_rounds
+        self.front_drafted += other.front_drafted
+        self.front_accepted += other.front_accepted
+        self.front_rejected += other.front_rejected
         _add_at(self.drafted_at, other.drafted_at)
         _add_at(self.accepted_at, other.accepted_at)
-        _add_at(self.lookup_accepted_at, other.lookup_accepted_at)
+        _add_at(self.front_accepted_at, other.front_accepted_at)
 
     def to_dict(self) -> dict:
         return {
             "rounds": self.rounds,
             "drafted": self.drafted,
             "accepted": self.accepted,
-            "lookup_rounds": self.lookup_rounds,
-            "lookup_acceptance_rate": self.lookup_accepted / self.lookup_drafted if self.lookup_drafted else None,
-            "model_acceptance_rate": ((self.accepted - self.lookup_accepted) / (self.drafted - self.lookup_drafted)
-                                      if self.lookup_rounds and self.drafted > self.lookup_drafted else None),
+            "front_rounds": self.front_rounds,
+            "front_acceptance_rate": self.front_accepted / self.front_drafted if self.front_drafted else None,
+            "model_acceptance_rate": ((self.accepted - self.front_accepted) / (self.drafted - self.front_drafted)
+                                      if self.front_rounds and self.drafted > self.front_drafted else None),
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             # per-token acceptance alpha: of the drafts the target judged (each accepted one, and the first
             # rejected one of a round), the fraction accepted; the geometric model's estimate of alpha

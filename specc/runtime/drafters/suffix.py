@@ -31,6 +31,7 @@ import torch
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch, Request
+from ..stats import SUFFIX
 from .base import DraftContext, DraftPlan, Drafter, Proposal, one_hot_proposal
 from .suffix_index import (MAX_DEPTH, MIN_FRONT_MATCH, MIN_PROB, SOURCE, GlobalSuffixCache, Match, RowSuffix, SuffixIndex,
                            match_length)
@@ -217,6 +218,7 @@ class SuffixFirstDrafter(Drafter):
         self.suffix, self.model = suffix, model
         self.kind, self.method, self.lazy_prefill = model.kind, model.method, model.lazy_prefill
         self.cache = suffix.cache
+        suffix.source = SUFFIX  # its rounds, as an arm too, count as rounds in front of the model in the statistics
 
     @property
     def arms(self) -> dict[str, Drafter]:

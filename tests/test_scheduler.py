@@ -453,3 +453,53 @@ def test_the_policys_arms_under_a_flipping_policy(monkeypatch):
     (policy,) = model.policies.values()
     assert policy.arms == ("model", "lookup") and inner.log
     assert 0 < sum(s["front_rounds"] for s in run.stats.values()) < sum(s["rounds"] for s in run.stats.values())
+
+
+def test_a_prompt_beside_decoding_rows_keeps_to_its_share_of_time(monkeypatch):
+    """A fake clock: a round costs 1 s, a prompt chunk of any size 4 s (a long context's attention on a small
+    model: more than INTERLEAVE_SHARE rounds even at the smallest chunk). Chunks then run every few rounds, the
+    decoding row's mean time between tokens stays within 1 + INTERLEAVE_SHARE rounds, the prompt still
+    finishes, and both outputs are the table's."""
+    import specc.runtime.scheduler as scheduler_module
+    from specc.runtime.prefill import Prefill
+    from specc.runtime.step import INTERLEAVE_SHARE
+
+    now = [0.0]
+    monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: now[0])
+    rounds, chunks = [], []
+
+    def timed(fn, seconds, log):
+        def run(*args, **kwargs):
+            now[0] += seconds
+            log.append(now[0])
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(scheduler_module, "plain_round", timed(scheduler_module.plain_round, 1.0, rounds))
+    monkeypatch.setattr(Prefill, "step", timed(Prefill.step, 4.0, chunks))
+    model = FakeModel(None)
+    model.prefill_chunk, model.interleave_chunk = 8, 8
+    long_prompt = [RNG.randrange(32) for _ in range(60)]
+    scheduler = Scheduler(model, speculative=False)
+    scheduler.submit(model.request(0, [1, 2, 3], 200))
+    out: dict[int, list[int]] = {0: [], 1: []}
+    steps = 0
+    while not out[0]:
+        out[0] += [t for e in scheduler.step() for t in e.token_ids]
+    scheduler.submit(model.request(1, long_prompt, 4))
+    gaps, last = [], now[0]
+    while scheduler.busy and steps < 1000:
+        steps += 1
+        prefilling = scheduler.prefilling is not None or bool(scheduler.waiting)
+        for e in scheduler.step():
+            out[e.index] += e.token_ids
+            if e.index == 0 and e.token_ids:
+                if prefilling:
+                    gaps.append(now[0] - last)
+                last = now[0]
+        if len(out[1]) == 4:
+            scheduler.cancel(0)  # the long prompt is done: the decoding row has served its purpose
+    assert out[1] == continuation(long_prompt, 4)
+    assert out[0] == continuation([1, 2, 3], len(out[0]))
+    assert len(chunks) >= 60 // 8 and max(gaps) >= 4.0  # the prompt moved, a chunk at a time
+    assert sum(gaps) / len(gaps) <= 1 + INTERLEAVE_SHARE + 0.25, gaps

@@ -150,42 +150,49 @@ def shared_system(model, mb: int, max_new: int, users: int = 8) -> dict:
 
 def interleave(model, context: int, budget_s: float) -> dict:
     """A short request decodes (target-only) while a `context`-token prompt is prefilled beside it: the short
-    row's time between tokens before (idle) and during the long prefill."""
+    row's time between tokens before and after (idle) and during the long prefill."""
     from specc.runtime.scheduler import Scheduler
 
     tok, params = model.tokenizer, model.sampling_params()
     long_ids = tok(source_text(), add_special_tokens=False)["input_ids"][:context]
-    scheduler = Scheduler(model, speculative=False)
     code = tok(source_text(), add_special_tokens=False)["input_ids"]
-    scheduler.submit(model.new_request(0, code[-100:], 400, params, 0))  # code goes on; a story may end at once
-    gaps: dict[str, list[float]] = {"idle": [], "prefilling": []}
-    last = None
-    deadline = None
-    for phase in ("idle", "prefilling"):
+    # a fresh process pages its weights in and sizes its buffers over the first passes: not the idle pace
+    model.generate([code[-100:]], max_new_tokens=16, speculative=False)
+    model.generate([long_ids[:2 * model.prefill_chunk]], max_new_tokens=2, speculative=False)
+    scheduler = Scheduler(model, speculative=False)
+    scheduler.submit(model.new_request(0, code[-100:], 4000, params, 0))  # code goes on; a story may end at once
+    gaps: dict[str, list[float]] = {"idle": [], "prefilling": [], "after": []}
+    last, entered = None, len(long_ids)
+    for phase in gaps:
         if phase == "prefilling":
             scheduler.submit(model.new_request(1, long_ids, 4, params, 1))
             deadline = time.perf_counter() + budget_s
+        if phase == "after":  # idle again: the machine's pace may drift over a long run
+            if scheduler.prefilling is not None:
+                entered = sum(scheduler.prefilling.entered)
+            scheduler.cancel(1)
+            last = None
         while scheduler.busy:
             events = scheduler.step()
             now = time.perf_counter()
             if any(e.index == 0 and e.token_ids for e in events):
-                if last is not None:
+                if last is not None and (phase != "after" or scheduler.prefilling is None):
                     gaps[phase].append(now - last)
                 last = now
-            if phase == "idle" and len(gaps["idle"]) >= 20:
+            if phase != "prefilling" and len(gaps[phase]) >= 20:
                 break
-            if phase == "prefilling" and scheduler.prefilling is None and any(e.index == 1 for e in events):
+            if phase == "prefilling" and (scheduler.prefilling is None and any(e.index == 1 for e in events)
+                                          or now > deadline):  # past the deadline the prompt need not finish
                 break
-            if phase == "prefilling" and now > deadline:  # measured long enough: the prompt need not finish
-                break
-    entered = sum(scheduler.prefilling.entered) if scheduler.prefilling is not None else len(long_ids)
     # the mean, not the median: chunks that run every few rounds leave most gaps at the idle pace
-    idle, busy = statistics.mean(gaps["idle"]), statistics.mean(gaps["prefilling"])
-    print(f"  inter-token latency of a decoding row: idle {idle * 1000:.0f} ms, beside a {context}-token prefill "
-          f"{busy * 1000:.0f} ms (mean of {len(gaps['prefilling'])}, median "
+    idle, busy = statistics.mean(gaps["idle"] + gaps["after"]), statistics.mean(gaps["prefilling"])
+    print(f"  inter-token latency of a decoding row: idle {idle * 1000:.0f} ms (before "
+          f"{statistics.mean(gaps['idle']) * 1000:.0f}, after {statistics.mean(gaps['after']) * 1000:.0f}), beside a "
+          f"{context}-token prefill {busy * 1000:.0f} ms (mean of {len(gaps['prefilling'])}, median "
           f"{statistics.median(gaps['prefilling']) * 1000:.0f} ms, max {max(gaps['prefilling']) * 1000:.0f} ms; "
           f"{entered} of {len(long_ids)} prompt tokens entered)", flush=True)
-    return {"context": context, "idle_itl_s": idle, "prefilling_itl_s": busy,
+    return {"context": context, "idle_itl_s": idle, "idle_before_itl_s": statistics.mean(gaps["idle"]),
+            "idle_after_itl_s": statistics.mean(gaps["after"]), "prefilling_itl_s": busy,
             "median_prefilling_itl_s": statistics.median(gaps["prefilling"]), "max_prefilling_itl_s": max(gaps["prefilling"]),
             "tokens_during_prefill": len(gaps["prefilling"]), "ratio": busy / idle,
             "prompt_tokens_entered": entered, "prefill_finished": entered == len(long_ids)}

@@ -27,7 +27,7 @@ from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
 from .state import Batch, Request
-from .step import INTERLEAVE_MIN, INTERLEAVE_SHARE, INTERLEAVE_START
+from .step import INTERLEAVE_MIN, INTERLEAVE_ROUNDS, INTERLEAVE_SHARE, INTERLEAVE_START
 from .stats import RunStats
 
 if TYPE_CHECKING:
@@ -133,9 +133,8 @@ class Scheduler:
         Waiting requests are admitted when no prefill is under way (runtime/prefill.py). A long prompt
         prefills one chunk per step, and the running batch gets a round after each chunk, so its rows
         keep producing tokens. Beside decoding rows the prompt takes about INTERLEAVE_SHARE of their
-        time: where its smallest chunk costs more than that (a long context on a small model), a chunk
-        runs only once the rounds since the last one have paid for it, so the rows' mean time between
-        tokens stays within 1 + INTERLEAVE_SHARE rounds and the prompt still moves every few rounds.
+        time: a chunk runs only once the rounds since the last one have paid for it, so the rows' mean
+        time between tokens stays within 1 + INTERLEAVE_SHARE rounds however long a chunk takes.
         A step whose prefill finished returns the new rows' first tokens at once (the round follows in
         the next step), so time to first token is the prefill's, not the prefill's plus a round's."""
         start = time.perf_counter()
@@ -165,18 +164,17 @@ class Scheduler:
         return events
 
     def _interleave_size(self) -> int:
-        """Prompt tokens of a chunk prefilled beside decoding rows: as many as cost about INTERLEAVE_SHARE
-        rounds at the last such chunk's seconds per token, so the rows' time between tokens stays within
-        about 1 + INTERLEAVE_SHARE rounds. That cost per token includes the pass's fixed part, so a chunk
-        that ran under its budget grows the next one and one that ran over shrinks it, to the size whose
-        pass takes the budget (within a factor of two per step, between INTERLEAVE_MIN and
-        `model.interleave_chunk`). Where even INTERLEAVE_MIN tokens cost more than the budget (a long
-        context's attention on a small model), `step` runs such a chunk every few rounds instead."""
+        """Prompt tokens of a chunk prefilled beside decoding rows: as many as cost about INTERLEAVE_ROUNDS
+        rounds at the last such chunk's seconds per token (`step` runs one whenever the rounds since the
+        last have paid for it). That cost per token includes the pass's fixed part, so a chunk that ran
+        under its budget grows the next one and one that ran over shrinks it, to the size whose pass
+        takes the budget (within a factor of two per step, between INTERLEAVE_MIN and
+        `model.interleave_chunk`)."""
         last, cap = self._chunk_tokens, self.model.interleave_chunk
         if self._round_s is None or self._chunk_token_s is None:
             size = min(cap, INTERLEAVE_START)
         else:
-            size = int(INTERLEAVE_SHARE * self._round_s / self._chunk_token_s)
+            size = int(INTERLEAVE_ROUNDS * self._round_s / self._chunk_token_s)
             size = max(last // 2, min(2 * last, size))
         self._chunk_tokens = max(min(INTERLEAVE_MIN, cap), min(cap, self.model.prefill_chunk, size))
         return self._chunk_tokens

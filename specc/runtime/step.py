@@ -17,16 +17,17 @@ def pad_right(rows: list[list[int]], device, pad: int = 0) -> tuple[torch.Tensor
 
 
 DEFAULT_CHUNK = 256  # prompt tokens per prefill pass (SpecModel.prefill_chunk): linear prefill, bounded masks
-# Beside decoding rows a prompt's chunks are sized by time (Scheduler._interleave_size): each costs about
-# INTERLEAVE_SHARE decode rounds (their time between tokens stays near 1 + INTERLEAVE_SHARE rounds), starting
-# from INTERLEAVE_START tokens, at least INTERLEAVE_MIN (the long prompt keeps moving) and at most INTERLEAVE_CHUNK.
-# The share trades the long prompt's time to first token for the decoding rows' pace: at 1.5 their time between
-# tokens stays within 2.5 rounds, inside the 3x of idle a chat user barely notices, while each chunk still
-# carries several times a decode pass's work.
+# Beside decoding rows a prompt takes about INTERLEAVE_SHARE of their time (Scheduler.step paces its chunks),
+# so their mean time between tokens stays within 1 + INTERLEAVE_SHARE rounds, inside the 3x of idle a chat
+# user barely notices. Each chunk is sized to cost about INTERLEAVE_ROUNDS rounds (Scheduler._interleave_size):
+# a larger chunk pays a pass's fixed cost (the weights, attention over the cache so far) less often, so the
+# long prompt moves faster at the same share, and a decoding row's longest gap stays near 1 + INTERLEAVE_ROUNDS
+# rounds. Sizes start from INTERLEAVE_START tokens and stay between INTERLEAVE_MIN and INTERLEAVE_CHUNK.
 INTERLEAVE_CHUNK = DEFAULT_CHUNK
 INTERLEAVE_START = 32
 INTERLEAVE_MIN = 4
 INTERLEAVE_SHARE = 1.5
+INTERLEAVE_ROUNDS = 4.0
 
 TOKEN_AXIS = {"new_k": 3, "new_v": 3, "features": 1}  # outputs with one entry per new token
 LOGIT_AXIS = {"logits": 1, "exit_logits": 1}  # outputs with one entry per logit_index row (the LM head's pass)

@@ -459,10 +459,13 @@ def test_a_prompt_beside_decoding_rows_keeps_to_its_share_of_time(monkeypatch):
     """A fake clock: a round costs 1 s, a prompt chunk of any size 4 s (a long context's attention on a small
     model: more than INTERLEAVE_SHARE rounds even at the smallest chunk). Chunks then run every few rounds, the
     decoding row's mean time between tokens stays within 1 + INTERLEAVE_SHARE rounds, the prompt still
-    finishes, and both outputs are the table's."""
+    finishes, in chunks grown to the cap (a chunk costs the same whatever its size), and both outputs are the
+    table's."""
     import specc.runtime.scheduler as scheduler_module
     from specc.runtime.prefill import Prefill
     from specc.runtime.step import INTERLEAVE_SHARE
+
+    step = Prefill.step
 
     now = [0.0]
     monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: now[0])
@@ -476,7 +479,8 @@ def test_a_prompt_beside_decoding_rows_keeps_to_its_share_of_time(monkeypatch):
         return run
 
     monkeypatch.setattr(scheduler_module, "plain_round", timed(scheduler_module.plain_round, 1.0, rounds))
-    monkeypatch.setattr(Prefill, "step", timed(Prefill.step, 4.0, chunks))
+    sizes = []
+    monkeypatch.setattr(Prefill, "step", timed(lambda self, size=None: sizes.append(size) or step(self, size), 4.0, chunks))
     model = FakeModel(None)
     model.prefill_chunk, model.interleave_chunk = 8, 8
     long_prompt = [RNG.randrange(32) for _ in range(60)]
@@ -502,4 +506,5 @@ def test_a_prompt_beside_decoding_rows_keeps_to_its_share_of_time(monkeypatch):
     assert out[1] == continuation(long_prompt, 4)
     assert out[0] == continuation([1, 2, 3], len(out[0]))
     assert len(chunks) >= 60 // 8 and max(gaps) >= 4.0  # the prompt moved, a chunk at a time
+    assert sizes[-3:] == [8, 8, 8]
     assert sum(gaps) / len(gaps) <= 1 + INTERLEAVE_SHARE + 0.25, gaps

@@ -160,7 +160,9 @@ def interleave(model, context: int, budget_s: float) -> dict:
     model.generate([code[-100:]], max_new_tokens=16, speculative=False)
     model.generate([long_ids[:2 * model.prefill_chunk]], max_new_tokens=2, speculative=False)
     scheduler = Scheduler(model, speculative=False)
-    scheduler.submit(model.new_request(0, code[-100:], 4000, params, 0))  # code goes on; a story may end at once
+    # code goes on (a story may end at once), long enough to outlast the prefill where the context allows
+    row_tokens = min(4000, model.max_context - 101)  # k 0: this row decodes without speculation
+    scheduler.submit(model.new_request(0, code[-100:], row_tokens, params, 0))
     gaps: dict[str, list[float]] = {"idle": [], "prefilling": [], "after": []}
     last, entered = None, len(long_ids)
     for phase in gaps:

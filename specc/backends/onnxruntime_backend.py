@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 from ..hardware import usable_cores
 from ..onnx_passes import QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
-from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, FeedCacheByLayer, by_layer
+from ..onnx_passes.feed_cache_by_layer import FeedCacheByLayer, by_layer, stacked_input
 from ..onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from .base import LowerOptions, check_engine_matches, require_version
 from .onnx_export import export_onnx, fused_op_counts, opset_of
@@ -128,7 +128,7 @@ def cache_layout(path: Path) -> dict:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    layers = sum(1 for i in model.graph.input if i.name.rpartition(".")[0] == "k_cache")
+    layers = sum(1 for i in model.graph.input if stacked_input(i.name) == "k_cache")
     return {"cache_by_layer": layers} if layers else {}
 
 
@@ -138,8 +138,8 @@ def abi_inputs(inputs) -> tuple[list[str], list, dict[str, int]]:
     stacked input the runner feeds by layer."""
     names, layers, kv = [], {}, []
     for value in inputs:
-        stacked, _, layer = value.name.rpartition(".")
-        if stacked in CACHE_INPUTS and layer.isdigit():
+        stacked = stacked_input(value.name)
+        if stacked is not None:
             if stacked not in layers:
                 names.append(stacked)
                 if stacked == "k_cache":

@@ -4,7 +4,7 @@ instead of selecting its slice of `k_cache` / `v_cache` [L, B, H, S, D] inside t
 ONNX Runtime has no views: the exported `Gather(k_cache, i)` copies the layer's slice, so every pass
 copied the whole cache once more before attending to it, the largest cost of a decode step at long
 contexts. Layer slices of the runtime's cache tensor are contiguous, so the runner feeds them as
-separate inputs without a copy (`expand_cache_feeds`); the bundle's step-graph ABI is unchanged.
+separate inputs without a copy (`by_layer`); the bundle's step-graph ABI is unchanged.
 
 requires: k_cache / v_cache have a fixed layer count, and each use of them is a Gather of a constant scalar on axis 0, or a Shape.
 ensures:  no graph input k_cache / v_cache; inputs `<name>.0` ... `<name>.<L-1>` in their place, in layer order.
@@ -21,6 +21,12 @@ CACHE_INPUTS = ("k_cache", "v_cache")
 def layer_input(name: str, layer: int) -> str:
     """The ONNX input that holds one layer of a stacked cache input."""
     return f"{name}.{layer}"
+
+
+def stacked_input(name: str) -> str | None:
+    """The stacked cache input a per-layer input belongs to (`k_cache.3` -> `k_cache`); None for any other name."""
+    stacked, _, layer = name.rpartition(".")
+    return stacked if stacked in CACHE_INPUTS and layer.isdigit() else None
 
 
 def by_layer(name: str, stacked, layers: int) -> list[tuple[str, object]]:

@@ -9,6 +9,7 @@ from specc.backends.trt_coverage import check_onnx
 from specc.block_weights import quantize_rtn
 from specc.onnx_passes import (ALL_ONNX_PASSES, OnnxPassContractError, QuantConfig, describe_onnx_passes,
                                onnxruntime_target_pipeline, run_onnx_passes, tensorrt_target_pipeline)
+from specc.onnx_passes.attend_at_cache_positions import AttendAtCachePositions
 from specc.onnx_passes.compute_attention_in_fp64 import ComputeAttentionInFp64
 from specc.onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from specc.onnx_passes.quantize_int8_gemm import QuantizeInt8Gemm, quantize_channels
@@ -248,16 +249,110 @@ def test_attention_in_fp64_gives_a_row_the_same_bits_in_any_pass():
     assert ComputeAttentionInFp64()(causal) == {"attention_float64": 0}  # left as it is, and the contract holds
 
 
+def _step_attention_graph(hq: int, hkv: int, d: int, *, tree: bool = False):
+    """y = Attention(q, Concat(k_cache, new_k), Concat(v_cache, new_v), boolean mask [B, 1, T, S+T]) with the step
+    ABI's cache_len input (and tree_mask, for a tree graph): one attention layer of a step graph."""
+    from onnx import TensorProto, helper
+
+    def info(name, shape, elem=TensorProto.FLOAT):
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    nodes = [helper.make_node("Concat", ["k_cache", "new_k"], ["keys"], axis=2),
+             helper.make_node("Concat", ["v_cache", "new_v"], ["values"], axis=2),
+             helper.make_node("Attention", ["q", "keys", "values", "mask"], ["y"], name="attn", scale=d ** -0.5)]
+    inputs = [info("q", ["b", hq, "t", d]), info("k_cache", ["b", hkv, "s", d]), info("v_cache", ["b", hkv, "s", d]),
+              info("new_k", ["b", hkv, "t", d]), info("new_v", ["b", hkv, "t", d]),
+              info("cache_len", ["b"], TensorProto.INT64), info("mask", ["b", 1, "t", "n"], TensorProto.BOOL)]
+    if tree:
+        inputs.append(info("tree_mask", ["b", "t", "t"], TensorProto.BOOL))
+    graph = helper.make_graph(nodes, "g", inputs, [info("y", ["b", hq, "t", d])],
+                              value_info=[info("keys", ["b", hkv, "n", d]), info("values", ["b", hkv, "n", d])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def _chain_rows(session, hq: int, hkv: int, d: int, lengths: list[int], capacity: int, t: int, seed: int = 3):
+    """A pass of t new tokens per row after `lengths` cached ones, in a cache of `capacity` slots whose slots past
+    each row's length hold stale keys; every row's sequence of queries, keys and values is fixed by `seed`."""
+    rng = np.random.default_rng(seed)
+    total = 600  # every call draws the same sequences
+    q_all = rng.normal(size=(len(lengths), hq, total, d)).astype(np.float32) * 3
+    k_all, v_all = (rng.normal(size=(len(lengths), hkv, total, d)).astype(np.float32) for _ in range(2))
+    stale = np.random.default_rng(seed + len(lengths) * 1000 + capacity + t)
+    feeds = {name: np.zeros(shape, np.float32) for name, shape in (
+        ("q", (len(lengths), hq, t, d)), ("k_cache", (len(lengths), hkv, capacity, d)),
+        ("v_cache", (len(lengths), hkv, capacity, d)), ("new_k", (len(lengths), hkv, t, d)),
+        ("new_v", (len(lengths), hkv, t, d)))}
+    mask = np.zeros((len(lengths), 1, t, capacity + t), bool)
+    for b, n in enumerate(lengths):
+        feeds["k_cache"][b, :, :n], feeds["v_cache"][b, :, :n] = k_all[b, :, :n], v_all[b, :, :n]
+        feeds["k_cache"][b, :, n:] = stale.normal(size=(hkv, capacity - n, d))
+        feeds["q"][b], feeds["new_k"][b], feeds["new_v"][b] = q_all[b, :, n:n + t], k_all[b, :, n:n + t], v_all[b, :, n:n + t]
+        mask[b, 0, :, :n] = True
+        mask[b, 0, :, capacity:] = np.tril(np.ones((t, t), bool))
+    feeds.update(cache_len=np.array(lengths, np.int64), mask=mask)
+    return session.run(None, feeds)[0], (q_all, k_all, v_all)
+
+
+def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
+    """A token's row is the same bits in a 5-token verify pass, a 3-token pass and the 1-token pass after the cache
+    took the tokens before it, whatever the cache's capacity, for rows of different lengths; the float32 Attention
+    it replaces gives other bits (so the check can fail), and the result is attention computed here in float64."""
+    import onnxruntime as ort
+
+    hq, hkv, d = 12, 2, 64
+    rewritten = _step_attention_graph(hq, hkv, d)
+    assert AttendAtCachePositions()(rewritten) == {"attention_at_positions": 1}
+    assert "Attention" not in [n.op_type for n in rewritten.graph.node]
+    assert ComputeAttentionInFp64()(rewritten) == {"attention_float64": 0}  # nothing left for the fallback
+    sessions = {name: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                for name, m in (("positions", rewritten), ("float32", _step_attention_graph(hq, hkv, d)))}
+    lengths = [300, 517]
+    for name, session in sessions.items():
+        verify, (q, k, v) = _chain_rows(session, hq, hkv, d, lengths, 576, 5)
+        same = []
+        for capacity in (576, 640, 1024):
+            for j in range(5):
+                alone, _ = _chain_rows(session, hq, hkv, d, [n + j for n in lengths], capacity, 1)
+                same += [np.array_equal(alone[b, :, 0], verify[b, :, j]) for b in range(2)]
+            three, _ = _chain_rows(session, hq, hkv, d, [n + 1 for n in lengths], capacity, 3)
+            same += [np.array_equal(three[b, :, j], verify[b, :, j + 1]) for b in range(2) for j in range(3)]
+        if name == "positions":
+            assert all(same)
+        else:
+            assert not all(same)
+    for b, n in enumerate(lengths):
+        for j in range(5):
+            keys, values = (np.repeat(x[b, :, :n + j + 1].astype(np.float64), hq // hkv, axis=0) for x in (k, v))
+            scores = np.einsum("hd,hsd->hs", q[b, :, n + j].astype(np.float64), keys) * d ** -0.5
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            ref = np.einsum("hs,hsd->hd", p / p.sum(-1, keepdims=True), values)
+            assert np.abs(verify[b, :, j] - ref).max() < 1e-5
+
+
+def test_attention_at_cache_positions_leaves_trees_and_other_nodes_to_the_float64_fallback():
+    """A tree graph (siblings sit at consecutive indices, not at their depth's position), a graph without cache_len
+    and an Attention node over keys that are not Concat(cache, new) are left as they are; the float64 pass then
+    rewrites them, and the pair of passes leaves no float32 Attention behind."""
+    tree = _step_attention_graph(4, 2, 8, tree=True)
+    assert AttendAtCachePositions()(tree) == {"attention_at_positions": 0}
+    assert ComputeAttentionInFp64()(tree) == {"attention_float64": 1}
+    plain = _attention_graph(4, 2, 8, 8 ** -0.5)  # keys are a graph input: no cache_len, no Concat
+    assert AttendAtCachePositions()(plain) == {"attention_at_positions": 0}
+    assert run_onnx_passes(_attention_graph(4, 2, 8, 8 ** -0.5), [AttendAtCachePositions(), ComputeAttentionInFp64()]) == {
+        "attention_at_positions": 0, "attention_float64": 1}
+
+
 def test_pipelines_run_in_order_and_every_pass_is_listed():
     config = QuantConfig(4, 32, kind="int4")
     assert [type(p) for p in onnxruntime_target_pipeline(config)] == [FoldWeightTransposes, QuantizeMatMulNBits,
-                                                                      ComputeAttentionInFp64]
+                                                                      AttendAtCachePositions, ComputeAttentionInFp64]
     gemm = QuantConfig(8, kind="int8-gemm")
     assert [type(p) for p in onnxruntime_target_pipeline(gemm)][1] is QuantizeInt8Gemm
     assert [type(p) for p in tensorrt_target_pipeline(config)] == [FoldWeightTransposes, QuantizeWeightOnlyDQ]
     emb = np.random.default_rng(9).normal(size=(40, 32)).astype(np.float32)
     facts = run_onnx_passes(_tied_head_graph(emb), onnxruntime_target_pipeline(config))
     assert facts["layers"] == {"rtn int4 block 32": 1} and facts["attention_float64"] == 0
+    assert facts["attention_at_positions"] == 0
     listing = describe_onnx_passes()
     assert all(f"{cls.name}: " in listing for cls in ALL_ONNX_PASSES)
 

@@ -42,6 +42,14 @@ def terminal_safe(text: str) -> str:
     return escape_control(text, keep="\n")
 
 
+def _attention_form(q: dict) -> str:
+    """How a quantised graph keeps attention rows independent of the pass size (onnx_passes/)."""
+    forms = [(q.get("attention_at_positions", 0), "keys at their positions in float32"),
+             (q.get("attention_float64", 0), "in float64")]
+    return "attention " + " and ".join(f"{text} ({n} nodes)" for n, text in forms if n) if any(n for n, _ in forms) \
+        else "no attention rewritten"
+
+
 def _pass_rows(q: dict) -> str:
     """The compiling CPU's row-invariance probe in words (the runtime probes again where it runs)."""
     rows = q.get("min_pass_rows", 1 if q.get("rows_independent_of_pass_size") else None)
@@ -114,8 +122,7 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                   if q.get("kind") == "int8-gemm" else
                   f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}")
         return [f"  weights   {kernel}, "
-                f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, attention in float64 "
-                f"({q.get('attention_float64', 0)} nodes), rows independent of pass size "
+                f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, {_attention_form(q)}, rows independent of pass size "
                 f"(where compiled): {_pass_rows(q)}"
                 + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
                 "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
+from .attend_at_cache_positions import AttendAtCachePositions
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .feed_cache_by_layer import FeedCacheByLayer
 from .fold_weight_transposes import FoldWeightTransposes
@@ -13,9 +14,10 @@ from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
 
 def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
     """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (or the integer GEMM for int8-gemm),
-    attention in float64 (the k+1-token verify then sees the numbers a 1-token decode sees)."""
+    attention with keys at their positions in float32, or in float64 where that rewrite does not apply (the k+1-token
+    verify then sees the numbers a 1-token decode sees)."""
     quantize = QuantizeInt8Gemm(config) if config.kind == "int8-gemm" else QuantizeMatMulNBits(config)
-    return [FoldWeightTransposes(), quantize, ComputeAttentionInFp64()]
+    return [FoldWeightTransposes(), quantize, AttendAtCachePositions(), ComputeAttentionInFp64()]
 
 
 def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
@@ -24,7 +26,7 @@ def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
 
 
 ALL_ONNX_PASSES: list[type[OnnxPass]] = [FeedCacheByLayer, FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
-                                         QuantizeWeightOnlyDQ, ComputeAttentionInFp64]
+                                         QuantizeWeightOnlyDQ, AttendAtCachePositions, ComputeAttentionInFp64]
 
 
 def describe_onnx_passes() -> str:
@@ -34,5 +36,6 @@ def describe_onnx_passes() -> str:
     return describe_contracts(ALL_ONNX_PASSES)
 
 
-__all__ = ["ALL_ONNX_PASSES", "FeedCacheByLayer", "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
+__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "FeedCacheByLayer",
+           "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
            "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

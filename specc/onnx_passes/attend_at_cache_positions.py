@@ -1,0 +1,174 @@
+"""attend_at_cache_positions: a chain graph's `Attention` nodes read each key at its token's position in the
+sequence and compute in float32, so that a row's result does not depend on how many tokens the pass holds.
+
+A step graph attends over `[cache (S slots, the first cache_len valid) ; new tokens (T)]`, so a new token's
+key sits at index S + j in the pass that computes it and at its position cache_len + j in every pass after.
+Float32 sums taken in another order round differently, and in a quantised graph the next layer's int8
+activation quantisation can turn that 1e-7 into a flipped greedy token (compute_attention_in_fp64.py says
+more). This rewrite moves each new token's key and value to its position (a ScatterND over the
+concatenated tensors) and permutes the mask the same way, so every query row sums the same keys at the
+same indices, in order, with only masked (zero) terms after them, whatever the pass size; it then attends
+in the grouped float32 form, whose rows MatMul computes alike in passes of 1 to 64 tokens. It reads the
+cache once, where the float64 fallback casts it three times over.
+
+A tree pass puts sibling drafts at consecutive indices, not at their depth's position, so graphs with a
+`tree_mask` input are left to compute_attention_in_fp64, as are nodes whose keys are not a
+`Concat(cache, new)` on the sequence axis or whose mask is not boolean (attention sinks).
+
+requires: nothing (a graph without a `cache_len` input, or with a `tree_mask` one, is left as it is).
+ensures:  in a chain graph with `cache_len`, no 4-D, mask-only `Attention` node over `Concat(cache, new)` keys.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import OnnxPass, OnnxProperty
+from .grouped_attention import grouped_attention, is_bool, rewritable, scale_of
+
+
+def _chain_graph(model) -> bool:
+    names = {i.name for i in model.graph.input}
+    return "cache_len" in names and "tree_mask" not in names
+
+
+def _concat_parts(model, name: str) -> tuple[str, str] | None:
+    """(cache, new) when `name` is Concat(cache, new) on axis 2 (the sequence axis of [B, H, S, D])."""
+    from onnx import helper
+
+    for node in model.graph.node:
+        if name in node.output and node.op_type == "Concat" and len(node.input) == 2:
+            axis = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "axis")
+            return (node.input[0], node.input[1]) if axis in (2, -2) else None
+    return None
+
+
+def _eligible(model, node) -> tuple[tuple[int, int], str, str] | None:
+    """(heads, new keys, new values) of an Attention node this pass rewrites."""
+    heads = rewritable(model, node)
+    if heads is None or len(node.input) != 4 or not node.input[3] or not is_bool(model, node.input[3]):
+        return None
+    k, v = _concat_parts(model, node.input[1]), _concat_parts(model, node.input[2])
+    return (heads, k[1], v[1]) if k and v else None
+
+
+def _none_left(model, _pass) -> bool:
+    return not _chain_graph(model) or not any(_eligible(model, node) for node in model.graph.node)
+
+
+class AttendAtCachePositions(OnnxPass):
+    """Keys at their tokens' positions, attention in float32: rows independent of the pass size."""
+
+    name = "attend_at_cache_positions"
+    ensures = (OnnxProperty("keys-at-positions", _none_left,
+                            "no float32 Attention over [cache ; new] keys left in a chain graph"),)
+
+    def apply(self, model) -> dict:
+        """Manifest facts: {"attention_at_positions": nodes rewritten}."""
+        from onnx import helper, numpy_helper
+
+        if not _chain_graph(model):
+            return {"attention_at_positions": 0}
+        shared: dict[str, str] = {}
+        init = model.graph.initializer
+
+        def const(name: str, values) -> str:
+            name = f"attend_at_positions.{name}"
+            if name not in shared:
+                init.append(numpy_helper.from_array(np.array(values, np.int64), name))
+                shared[name] = name
+            return name
+
+        new_nodes, replaced = [], 0
+        for node in model.graph.node:
+            found = _eligible(model, node)
+            if found is None:
+                new_nodes.append(node)
+                continue
+            heads, new_k, new_v = found
+            q, k, v, mask = node.input
+            p = f"{node.name}.at_positions"
+            t = lambda s: f"{p}.{s}"  # noqa: E731
+            nodes = []
+            if "perm" not in shared:
+                nodes += _permutation(q, k, const, "attend_at_positions")
+                shared["perm"] = "attend_at_positions.perm"
+            scatter = f"attend_at_positions.scatter.{heads[1]}"
+            if scatter not in shared:
+                nodes += _scatter_index(new_k, const, scatter)
+                shared[scatter] = scatter
+            nodes += [
+                helper.make_node("Unsqueeze", [shared["perm"], const("axes12", [1, 2])], [t("perm4")]),
+                helper.make_node("Shape", [mask], [t("mask_shape")]),
+                helper.make_node("Expand", [t("perm4"), t("mask_shape")], [t("mask_index")]),
+                helper.make_node("GatherElements", [mask, t("mask_index")], [t("mask")], axis=3),
+                helper.make_node("ScatterND", [k, scatter, new_k], [t("k")]),
+                helper.make_node("ScatterND", [v, scatter, new_v], [t("v")]),
+            ]
+            nodes += grouped_attention(model, t, q, t("k"), t("v"), t("mask"), True, heads, scale_of(node),
+                                       node.output[0])
+            for i, n in enumerate(nodes):
+                n.name = n.name or f"{p}.{i}"
+            new_nodes += nodes
+            replaced += 1
+        del model.graph.node[:]
+        model.graph.node.extend(new_nodes)
+        return {"attention_at_positions": replaced}
+
+
+def _permutation(q: str, k: str, const, prefix: str) -> list:
+    """`<prefix>.perm` [B, S+T]: for each index of the positioned keys, the index of [cache ; new] it takes.
+
+    Index i < cache_len keeps its cache slot, cache_len <= i < cache_len + T takes new token i - cache_len
+    (at S + i - cache_len), and the rest take slots i - T, which are past cache_len and so masked."""
+    from onnx import helper
+
+    t = lambda s: f"{prefix}.{s}"  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", [q], [t("t")], start=2, end=3),
+        helper.make_node("Shape", [k], [t("n")], start=2, end=3),
+        helper.make_node("Sub", [t("n"), t("t")], [t("s")]),
+        helper.make_node("Squeeze", [t("n")], [t("n0")]),
+        helper.make_node("Range", [const("zero", 0), t("n0"), const("one", 1)], [t("i")]),
+        helper.make_node("Unsqueeze", [t("i"), const("axes0", [0])], [t("row")]),  # [1, S+T]
+        helper.make_node("Unsqueeze", ["cache_len", const("axes1", [1])], [t("len")]),  # [B, 1]
+        helper.make_node("Add", [t("len"), t("t")], [t("end")]),
+        helper.make_node("Less", [t("row"), t("len")], [t("in_cache")]),
+        helper.make_node("Less", [t("row"), t("end")], [t("in_new")]),
+        helper.make_node("Sub", [t("row"), t("len")], [t("j")]),
+        helper.make_node("Add", [t("j"), t("s")], [t("from_new")]),
+        helper.make_node("Sub", [t("row"), t("t")], [t("from_tail")]),
+        helper.make_node("Where", [t("in_new"), t("from_new"), t("from_tail")], [t("past")]),
+        helper.make_node("Where", [t("in_cache"), t("row"), t("past")], [t("perm")]),
+    ]
+    for i, n in enumerate(nodes):
+        n.name = f"{prefix}.perm.{i}"
+    return nodes
+
+
+def _scatter_index(new: str, const, name: str) -> list:
+    """`name` [B, Hkv, T, 3]: (row, kv head, cache_len + j) for each new token j, where ScatterND puts it."""
+    from onnx import helper
+
+    t = lambda s: f"{name}.{s}"  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", [new], [t("bht")], start=0, end=3),
+        helper.make_node("Concat", [t("bht"), const("one_dim", [1])], [t("shape")], axis=0),  # [B, Hkv, T, 1]
+        helper.make_node("Shape", [new], [t("b")], start=0, end=1),
+        helper.make_node("Shape", [new], [t("h")], start=1, end=2),
+        helper.make_node("Shape", [new], [t("tt")], start=2, end=3),
+    ]
+    for axis, dims in (("b", [-1, 1, 1, 1]), ("h", [1, -1, 1, 1]), ("tt", [1, 1, -1, 1])):
+        nodes += [helper.make_node("Squeeze", [t(axis)], [t(f"{axis}0")]),
+                  helper.make_node("Range", [const("zero", 0), t(f"{axis}0"), const("one", 1)], [t(f"{axis}r")]),
+                  helper.make_node("Reshape", [t(f"{axis}r"), const(f"dims_{axis}", dims)], [t(f"{axis}4")])]
+    nodes += [
+        helper.make_node("Reshape", ["cache_len", const("dims_b", [-1, 1, 1, 1])], [t("len4")]),
+        helper.make_node("Add", [t("tt4"), t("len4")], [t("pos4")]),  # [B, 1, T, 1]
+        helper.make_node("Expand", [t("b4"), t("shape")], [t("bi")]),
+        helper.make_node("Expand", [t("h4"), t("shape")], [t("hi")]),
+        helper.make_node("Expand", [t("pos4"), t("shape")], [t("pi")]),
+        helper.make_node("Concat", [t("bi"), t("hi"), t("pi")], [name], axis=3),
+    ]
+    for i, n in enumerate(nodes):
+        n.name = f"{name}.{i}"
+    return nodes

@@ -160,3 +160,32 @@ def test_the_draft_cache_holds_the_window_and_stays_in_step(bundles, prompts, mo
     assert bad == []
     assert seen and all(skip + n <= tokens for tokens, skip, n in seen)
     assert any(skip > 0 for _, skip, _ in seen) and all(n <= 6 + 20 + 4 for _, _, n in seen)
+
+
+def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch):
+    """The window shrinks to WINDOW_PER_NEW_TOKEN per token a row may still generate (never below
+    DRAFT_WINDOW_MIN): a 20-token answer at 1 per token enters only its prompt's last 20 tokens, the catch-up
+    it can pay back, and output still matches target-only."""
+    from specc.runtime.drafters import model as model_drafter
+
+    monkeypatch.setattr(model_drafter, "WINDOW_PER_NEW_TOKEN", 1)
+    monkeypatch.setattr(model_drafter, "DRAFT_WINDOW_MIN", 4)
+    model = specc.load(bundles["self"])
+    first = {}
+    catch_up = model_drafter.ModelDrafter.catch_up
+
+    def watched(self, batch, warm=True):
+        cold = [b for b, n in enumerate(batch.draft_state.lengths.tolist()) if n == 0]
+        out = catch_up(self, batch, warm)
+        for b in cold:
+            s = batch.seqs[b]
+            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.SKIPPED, 0),
+                                               s.max_new_tokens - len(s.out), len(s.tokens) - 1))
+        return out
+
+    monkeypatch.setattr(model_drafter.ModelDrafter, "catch_up", watched)
+    long_prompts = [p * 2 for p in prompts[:6]]
+    bad, _ = _mismatches(model, long_prompts, 3, k=3)
+    assert bad == [] and first
+    assert all(entered == min(context, max(4, left)) for entered, left, context in first.values())
+    assert any(entered < context for entered, _, context in first.values())

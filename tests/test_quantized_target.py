@@ -73,6 +73,8 @@ def quantized_bundles(models_dir, tmp_path_factory):
         "int4_wrong": build_quantized(root / "int4_wrong", t, wrong, {"quantize": "int4", "keep_float": ["lm_head"]}),
         "int8_gemm": build_quantized(root / "int8_gemm", t, draft, {"quantize": "int8-gemm"}),
         "int8_gemm_wrong": build_quantized(root / "int8_gemm_wrong", t, wrong, {"quantize": "int8-gemm"}),
+        "int8_gemm_tree": build_quantized(root / "int8_gemm_tree", t, draft, {"quantize": "int8-gemm"},
+                                          speculation={"mode": "tree", "tree": {"depth": 3, "branching": 2, "max_nodes": 6}}),
         "int4_lookup": build_quantized(root / "int4_lookup", t, {**draft, "lookup": True, "min_ngram": 2},
                                        {"quantize": "int4", "keep_float": ["layers.0.*"]}),
     }
@@ -134,9 +136,15 @@ def test_bundle_records_the_int8_gemm_target(quantized_bundles):
     q = model.bundle.graph("target").facts["weight_quant"]
     assert q["kind"] == "int8-gemm" and q["rows_independent_of_pass_size"]
     assert q["layers"] == {"int8 per channel": 13} and q["merged_layers"] == 9  # 3 x (q+k+v, o, gate+up, down) + lm_head
+    # a chain graph attends with keys at their positions in float32; a tree graph's siblings share a depth, so it
+    # keeps the float64 fallback (onnx_passes/attend_at_cache_positions.py)
+    assert (q["attention_at_positions"], q["attention_float64"]) == (3, 0)
+    tree = specc.load(quantized_bundles["int8_gemm_tree"]).bundle.graph("target").facts["weight_quant"]
+    assert (tree["attention_at_positions"], tree["attention_float64"]) == (0, 3)
     assert model.bundle.graph("target").quantize == "int8-gemm"
     text = format_manifest(model.bundle.manifest, model.bundle.path, True)
     assert "int8 per output channel, MatMulInteger" in text and "9 layers merged into one GEMM with another" in text
+    assert "attention keys at their positions in float32 (3 nodes)" in text
 
 
 def test_bundle_records_the_quantisation(quantized_bundles):
@@ -152,7 +160,7 @@ def test_bundle_records_the_quantisation(quantized_bundles):
 
 @pytest.mark.parametrize("name,batch,k", [("int4", 1, 3), ("int4", 3, 5), ("int8", 2, 4), ("int4_wrong", 1, 3),
                                           ("int4_lookup", 3, 4), ("int8_gemm", 1, 3), ("int8_gemm", 3, 5),
-                                          ("int8_gemm_wrong", 2, 4)])
+                                          ("int8_gemm_wrong", 2, 4), ("int8_gemm_tree", 2, None)])
 def test_greedy_speculation_equals_the_quantised_target(quantized_bundles, prompts, name, batch, k):
     """Greedy speculative output equals the same bundle's (quantised) target-only output on 60 prompts."""
     from specc.runtime.stats import RunStats

@@ -18,11 +18,21 @@ from .loops import draft_chain, grow_tree
 
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
 DRAFT_WINDOW = 2048  # a row's draft cache takes in at most its last this many prompt tokens (ModelDrafter)
+# ... and at most WINDOW_PER_NEW_TOKEN per token the row may still generate, but never fewer than DRAFT_WINDOW_MIN
+WINDOW_PER_NEW_TOKEN = 4
+DRAFT_WINDOW_MIN = 256
 SKIPPED = "model:skipped"  # Request.draft_memo: the row's leading tokens its draft cache never took in
 
 
 def _skipped(seq) -> int:
     return seq.draft_memo.get(SKIPPED, 0)
+
+
+def _window(seq) -> int:
+    """Prompt tokens a cold row's draft cache takes in: the catch-up is paid back only over the tokens the row
+    still generates, so a short answer to a long prompt drafts from its recent context alone."""
+    left = seq.max_new_tokens - len(seq.out)
+    return min(DRAFT_WINDOW, max(DRAFT_WINDOW_MIN, WINDOW_PER_NEW_TOKEN * left))
 
 
 class ModelDrafter(GraphDrafter):
@@ -32,9 +42,10 @@ class ModelDrafter(GraphDrafter):
     admission, so requests that are never drafted for (adaptive k at 0, a probe that skips cold
     rows) never pay for the draft's prefill. Rows far behind (new ones, or after plain rounds)
     catch up in a call of their own before the round, so they do not widen the others' feed.
-    A long prompt enters only its last DRAFT_WINDOW tokens (at positions from 0): what the draft
-    proposes depends mostly on the recent context, and drafts never change what is accepted, so
-    speculation adds a bounded prefill to a long prompt's instead of a second one nearly as long.
+    A long prompt enters only its last DRAFT_WINDOW tokens (at positions from 0), fewer where the row
+    will generate little (`_window`): what the draft proposes depends mostly on the recent context, and
+    drafts never change what is accepted, so speculation adds a bounded prefill to a long prompt's,
+    in proportion to what it can save, instead of a second one nearly as long.
     """
 
     kind = "model"
@@ -56,7 +67,7 @@ class ModelDrafter(GraphDrafter):
         out = []
         for s, n in zip(batch.seqs, cache.lengths.tolist()):
             if n == 0:
-                out.append(min(len(s.tokens) - 1, DRAFT_WINDOW))
+                out.append(min(len(s.tokens) - 1, _window(s)))
             else:
                 lag = len(s.tokens) - 1 - _skipped(s) - n
                 out.append(lag if lag + 1 > CATCH_UP else 0)
@@ -75,7 +86,8 @@ class ModelDrafter(GraphDrafter):
         if rows:
             for b in rows:
                 if lengths[b] == 0:
-                    batch.seqs[b].draft_memo[SKIPPED] = max(0, len(batch.seqs[b].tokens) - 1 - DRAFT_WINDOW)
+                    s = batch.seqs[b]
+                    s.draft_memo[SKIPPED] = max(0, len(s.tokens) - 1 - _window(s))
             sub = cache.take(rows)
             todo = [batch.seqs[b].tokens[_skipped(batch.seqs[b]) + lengths[b]:-1] for b in rows]
             width = max(len(t) for t in todo)

@@ -6,12 +6,12 @@ import pytest
 import specc
 
 
-_REFERENCE: dict[str, list[list[int]]] = {}
+_REFERENCE: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
 
 
 def _target_only(model, prompts) -> list[list[int]]:
-    """Target-only greedy output of every prompt, computed once per bundle (one row at a time)."""
-    key = str(model.bundle.path)
+    """Target-only greedy output of every prompt, computed once per bundle and prompt list (one row at a time)."""
+    key = (str(model.bundle.path), tuple(prompts))
     if key not in _REFERENCE:
         _REFERENCE[key] = [c.token_ids for p in prompts for c in model.generate([p], max_new_tokens=20, speculative=False)]
     return _REFERENCE[key]

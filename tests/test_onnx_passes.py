@@ -251,7 +251,7 @@ def test_attention_in_fp64_gives_a_row_the_same_bits_in_any_pass():
 
 def _step_attention_graph(hq: int, hkv: int, d: int, *, tree: bool = False):
     """y = Attention(q, Concat(k_cache, new_k), Concat(v_cache, new_v), boolean mask [B, 1, T, S+T]) with the step
-    ABI's cache_len input (and tree_mask, for a tree graph): one attention layer of a step graph."""
+    ABI's cache_len and position_ids inputs (and tree_mask, for a tree graph): one attention layer of a step graph."""
     from onnx import TensorProto, helper
 
     def info(name, shape, elem=TensorProto.FLOAT):
@@ -262,7 +262,8 @@ def _step_attention_graph(hq: int, hkv: int, d: int, *, tree: bool = False):
              helper.make_node("Attention", ["q", "keys", "values", "mask"], ["y"], name="attn", scale=d ** -0.5)]
     inputs = [info("q", ["b", hq, "t", d]), info("k_cache", ["b", hkv, "s", d]), info("v_cache", ["b", hkv, "s", d]),
               info("new_k", ["b", hkv, "t", d]), info("new_v", ["b", hkv, "t", d]),
-              info("cache_len", ["b"], TensorProto.INT64), info("mask", ["b", 1, "t", "n"], TensorProto.BOOL)]
+              info("cache_len", ["b"], TensorProto.INT64), info("position_ids", ["b", "t"], TensorProto.INT64),
+              info("mask", ["b", 1, "t", "n"], TensorProto.BOOL)]
     if tree:
         inputs.append(info("tree_mask", ["b", "t", "t"], TensorProto.BOOL))
     graph = helper.make_graph(nodes, "g", inputs, [info("y", ["b", hq, "t", d])],
@@ -270,9 +271,11 @@ def _step_attention_graph(hq: int, hkv: int, d: int, *, tree: bool = False):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
 
 
-def _chain_rows(session, hq: int, hkv: int, d: int, lengths: list[int], capacity: int, t: int, seed: int = 3):
+def _chain_rows(session, hq: int, hkv: int, d: int, lengths: list[int], capacity: int, t: int, seed: int = 3,
+                pad: int = 0):
     """A pass of t new tokens per row after `lengths` cached ones, in a cache of `capacity` slots whose slots past
-    each row's length hold stale keys; every row's sequence of queries, keys and values is fixed by `seed`."""
+    each row's length hold stale keys; every row's sequence of queries, keys and values is fixed by `seed`. `pad`
+    copies of each row's last token (its position too) follow, as the runtime pads a short pass."""
     rng = np.random.default_rng(seed)
     total = 600  # every call draws the same sequences
     q_all = rng.normal(size=(len(lengths), hq, total, d)).astype(np.float32) * 3
@@ -289,13 +292,23 @@ def _chain_rows(session, hq: int, hkv: int, d: int, lengths: list[int], capacity
         feeds["q"][b], feeds["new_k"][b], feeds["new_v"][b] = q_all[b, :, n:n + t], k_all[b, :, n:n + t], v_all[b, :, n:n + t]
         mask[b, 0, :, :n] = True
         mask[b, 0, :, capacity:] = np.tril(np.ones((t, t), bool))
-    feeds.update(cache_len=np.array(lengths, np.int64), mask=mask)
+    positions = np.array(lengths, np.int64)[:, None] + np.arange(t)[None, :]
+    if pad:
+        for name in ("q", "new_k", "new_v"):
+            feeds[name] = np.concatenate([feeds[name]] + [feeds[name][:, :, -1:]] * pad, axis=2)
+        positions = np.concatenate([positions] + [positions[:, -1:]] * pad, axis=1)
+        n = t + pad
+        mask = np.concatenate([mask, np.zeros((len(lengths), 1, t, pad), bool)], axis=-1)
+        mask = np.concatenate([mask, np.repeat(mask[:, :, -1:], pad, axis=2)], axis=2)
+        mask[:, 0, :, capacity:] = np.tril(np.ones((n, n), bool))
+    feeds.update(cache_len=np.array(lengths, np.int64), mask=mask, position_ids=positions)
     return session.run(None, feeds)[0], (q_all, k_all, v_all)
 
 
 def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
     """A token's row is the same bits in a 5-token verify pass, a 3-token pass and the 1-token pass after the cache
-    took the tokens before it, whatever the cache's capacity, for rows of different lengths; the float32 Attention
+    took the tokens before it (alone, or padded with copies of itself, which come out the same bits too), whatever
+    the cache's capacity, for rows of different lengths; the float32 Attention
     it replaces gives other bits (so the check can fail), and the result is attention computed here in float64."""
     import onnxruntime as ort
 
@@ -303,6 +316,7 @@ def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
     rewritten = _step_attention_graph(hq, hkv, d)
     assert AttendAtCachePositions()(rewritten) == {"attention_at_positions": 1}
     assert "Attention" not in [n.op_type for n in rewritten.graph.node]
+    assert not [n for n in rewritten.graph.node if n.op_type == "Concat" and "k_cache" in n.input]  # no copy of it
     assert ComputeAttentionInFp64()(rewritten) == {"attention_float64": 0}  # nothing left for the fallback
     sessions = {name: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
                 for name, m in (("positions", rewritten), ("float32", _step_attention_graph(hq, hkv, d)))}
@@ -316,6 +330,8 @@ def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
                 same += [np.array_equal(alone[b, :, 0], verify[b, :, j]) for b in range(2)]
             three, _ = _chain_rows(session, hq, hkv, d, [n + 1 for n in lengths], capacity, 3)
             same += [np.array_equal(three[b, :, j], verify[b, :, j + 1]) for b in range(2) for j in range(3)]
+            padded, _ = _chain_rows(session, hq, hkv, d, [n + 4 for n in lengths], capacity, 1, pad=2)
+            same += [np.array_equal(padded[b, :, j], verify[b, :, 4]) for b in range(2) for j in range(3)]
         if name == "positions":
             assert all(same)
         else:

@@ -5,18 +5,21 @@ A step graph attends over `[cache (S slots, the first cache_len valid) ; new tok
 key sits at index S + j in the pass that computes it and at its position cache_len + j in every pass after.
 Float32 sums taken in another order round differently, and in a quantised graph the next layer's int8
 activation quantisation can turn that 1e-7 into a flipped greedy token (compute_attention_in_fp64.py says
-more). This rewrite moves each new token's key and value to its position (a ScatterND over the
-concatenated tensors) and permutes the mask the same way, so every query row sums the same keys at the
-same indices, in order, with only masked (zero) terms after them, whatever the pass size; it then attends
-in the grouped float32 form, whose rows MatMul computes alike in passes of 1 to 64 tokens. It reads the
-cache once, where the float64 fallback casts it three times over.
+more). This rewrite writes each new token's key and value into a copy of the cache at its position
+(`position_ids`; ScatterND in place of the Concat) and permutes the mask the same way, so every query row sums
+the same keys at the same indices, in order, with only masked (zero) terms after them, whatever the pass size;
+it then attends in the grouped float32 form, whose rows MatMul computes alike in passes of 1 to 64 tokens.
+It copies the cache once, where the float64 fallback casts it three times over. The runtime gives every
+pass room for its tokens (StepRunner); the copies of a row's last token that pad a short pass share that
+token's position and values, so they write the same slot with the same bits.
 
 A tree pass puts sibling drafts at consecutive indices, not at their depth's position, so graphs with a
 `tree_mask` input are left to compute_attention_in_fp64, as are nodes whose keys are not a
 `Concat(cache, new)` on the sequence axis or whose mask is not boolean (attention sinks).
 
-requires: nothing (a graph without a `cache_len` input, or with a `tree_mask` one, is left as it is).
-ensures:  in a chain graph with `cache_len`, no 4-D, mask-only `Attention` node over `Concat(cache, new)` keys.
+requires: nothing (a graph without `cache_len` and `position_ids` inputs, or with a `tree_mask` one, is left as
+  it is).
+ensures:  in a chain graph, no 4-D, mask-only `Attention` node over `Concat(cache, new)` keys.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from .grouped_attention import grouped_attention, is_bool, rewritable, scale_of
 
 def _chain_graph(model) -> bool:
     names = {i.name for i in model.graph.input}
-    return "cache_len" in names and "tree_mask" not in names
+    return {"cache_len", "position_ids"} <= names and "tree_mask" not in names
 
 
 def _concat_parts(model, name: str) -> tuple[str, str] | None:
@@ -42,13 +45,13 @@ def _concat_parts(model, name: str) -> tuple[str, str] | None:
     return None
 
 
-def _eligible(model, node) -> tuple[tuple[int, int], str, str] | None:
-    """(heads, new keys, new values) of an Attention node this pass rewrites."""
+def _eligible(model, node) -> tuple[tuple[int, int], tuple[str, str], tuple[str, str]] | None:
+    """(heads, (cached keys, new keys), (cached values, new values)) of an Attention node this pass rewrites."""
     heads = rewritable(model, node)
     if heads is None or len(node.input) != 4 or not node.input[3] or not is_bool(model, node.input[3]):
         return None
     k, v = _concat_parts(model, node.input[1]), _concat_parts(model, node.input[2])
-    return (heads, k[1], v[1]) if k and v else None
+    return (heads, k, v) if k and v else None
 
 
 def _none_left(model, _pass) -> bool:
@@ -84,13 +87,13 @@ class AttendAtCachePositions(OnnxPass):
             if found is None:
                 new_nodes.append(node)
                 continue
-            heads, new_k, new_v = found
-            q, k, v, mask = node.input
+            heads, (cache_k, new_k), (cache_v, new_v) = found
+            q, _, _, mask = node.input
             p = f"{node.name}.at_positions"
             t = lambda s: f"{p}.{s}"  # noqa: E731
             nodes = []
             if "perm" not in shared:
-                nodes += _permutation(q, k, const, "attend_at_positions")
+                nodes += _permutation(cache_k, const, "attend_at_positions")
                 shared["perm"] = "attend_at_positions.perm"
             scatter = f"attend_at_positions.scatter.{heads[1]}"
             if scatter not in shared:
@@ -98,11 +101,13 @@ class AttendAtCachePositions(OnnxPass):
                 shared[scatter] = scatter
             nodes += [
                 helper.make_node("Unsqueeze", [shared["perm"], const("axes12", [1, 2])], [t("perm4")]),
-                helper.make_node("Shape", [mask], [t("mask_shape")]),
+                helper.make_node("Shape", [mask], [t("mask_rows")], start=0, end=3),
+                helper.make_node("Shape", [cache_k], [t("slots")], start=2, end=3),
+                helper.make_node("Concat", [t("mask_rows"), t("slots")], [t("mask_shape")], axis=0),
                 helper.make_node("Expand", [t("perm4"), t("mask_shape")], [t("mask_index")]),
                 helper.make_node("GatherElements", [mask, t("mask_index")], [t("mask")], axis=3),
-                helper.make_node("ScatterND", [k, scatter, new_k], [t("k")]),
-                helper.make_node("ScatterND", [v, scatter, new_v], [t("v")]),
+                helper.make_node("ScatterND", [cache_k, scatter, new_k], [t("k")]),
+                helper.make_node("ScatterND", [cache_v, scatter, new_v], [t("v")]),
             ]
             nodes += grouped_attention(model, t, q, t("k"), t("v"), t("mask"), True, heads, scale_of(node),
                                        node.output[0])
@@ -110,34 +115,47 @@ class AttendAtCachePositions(OnnxPass):
                 n.name = n.name or f"{p}.{i}"
             new_nodes += nodes
             replaced += 1
+        _drop_unused(new_nodes, model)
         del model.graph.node[:]
         model.graph.node.extend(new_nodes)
         return {"attention_at_positions": replaced}
 
 
-def _permutation(q: str, k: str, const, prefix: str) -> list:
-    """`<prefix>.perm` [B, S+T]: for each index of the positioned keys, the index of [cache ; new] it takes.
+def _drop_unused(nodes: list, model) -> None:
+    """Remove the Concats of cache and new tokens nothing reads any more (in place)."""
+    while True:
+        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in nodes if n.op_type == "Concat" and not any(o in used for o in n.output)]
+        if not dead:
+            return
+        for n in dead:
+            nodes.remove(n)
 
-    Index i < cache_len keeps its cache slot, cache_len <= i < cache_len + T takes new token i - cache_len
-    (at S + i - cache_len), and the rest take slots i - T, which are past cache_len and so masked."""
+
+def _permutation(cache: str, const, prefix: str) -> list:
+    """`<prefix>.perm` [B, S]: for each cache slot of the positioned keys, the index of the mask's
+    [cache ; new] columns it takes.
+
+    Slot i < cache_len keeps its own column, cache_len <= i <= the row's last position takes new token
+    i - cache_len (column S + i - cache_len), and the rest keep their own (slots past cache_len, so masked).
+    The copies of a row's last token that pad a short pass hold its position: no slot maps to their
+    columns, so they attend to what that token attends to and compute its values."""
     from onnx import helper
 
     t = lambda s: f"{prefix}.{s}"  # noqa: E731
     nodes = [
-        helper.make_node("Shape", [q], [t("t")], start=2, end=3),
-        helper.make_node("Shape", [k], [t("n")], start=2, end=3),
-        helper.make_node("Sub", [t("n"), t("t")], [t("s")]),
-        helper.make_node("Squeeze", [t("n")], [t("n0")]),
-        helper.make_node("Range", [const("zero", 0), t("n0"), const("one", 1)], [t("i")]),
-        helper.make_node("Unsqueeze", [t("i"), const("axes0", [0])], [t("row")]),  # [1, S+T]
+        helper.make_node("Shape", [cache], [t("s")], start=2, end=3),
+        helper.make_node("Squeeze", [t("s")], [t("s0")]),
+        helper.make_node("Range", [const("zero", 0), t("s0"), const("one", 1)], [t("i")]),
+        helper.make_node("Unsqueeze", [t("i"), const("axes0", [0])], [t("row")]),  # [1, S]
         helper.make_node("Unsqueeze", ["cache_len", const("axes1", [1])], [t("len")]),  # [B, 1]
-        helper.make_node("Add", [t("len"), t("t")], [t("end")]),
+        helper.make_node("ReduceMax", ["position_ids", const("axes1", [1])], [t("last")], keepdims=1),  # [B, 1]
+        helper.make_node("Add", [t("last"), const("one", 1)], [t("end")]),
         helper.make_node("Less", [t("row"), t("len")], [t("in_cache")]),
         helper.make_node("Less", [t("row"), t("end")], [t("in_new")]),
         helper.make_node("Sub", [t("row"), t("len")], [t("j")]),
         helper.make_node("Add", [t("j"), t("s")], [t("from_new")]),
-        helper.make_node("Sub", [t("row"), t("t")], [t("from_tail")]),
-        helper.make_node("Where", [t("in_new"), t("from_new"), t("from_tail")], [t("past")]),
+        helper.make_node("Where", [t("in_new"), t("from_new"), t("row")], [t("past")]),
         helper.make_node("Where", [t("in_cache"), t("row"), t("past")], [t("perm")]),
     ]
     for i, n in enumerate(nodes):
@@ -146,7 +164,7 @@ def _permutation(q: str, k: str, const, prefix: str) -> list:
 
 
 def _scatter_index(new: str, const, name: str) -> list:
-    """`name` [B, Hkv, T, 3]: (row, kv head, cache_len + j) for each new token j, where ScatterND puts it."""
+    """`name` [B, Hkv, T, 3]: (row, kv head, position) for each new token, where ScatterND puts it."""
     from onnx import helper
 
     t = lambda s: f"{name}.{s}"  # noqa: E731
@@ -155,15 +173,13 @@ def _scatter_index(new: str, const, name: str) -> list:
         helper.make_node("Concat", [t("bht"), const("one_dim", [1])], [t("shape")], axis=0),  # [B, Hkv, T, 1]
         helper.make_node("Shape", [new], [t("b")], start=0, end=1),
         helper.make_node("Shape", [new], [t("h")], start=1, end=2),
-        helper.make_node("Shape", [new], [t("tt")], start=2, end=3),
     ]
-    for axis, dims in (("b", [-1, 1, 1, 1]), ("h", [1, -1, 1, 1]), ("tt", [1, 1, -1, 1])):
+    for axis, dims in (("b", [-1, 1, 1, 1]), ("h", [1, -1, 1, 1])):
         nodes += [helper.make_node("Squeeze", [t(axis)], [t(f"{axis}0")]),
                   helper.make_node("Range", [const("zero", 0), t(f"{axis}0"), const("one", 1)], [t(f"{axis}r")]),
                   helper.make_node("Reshape", [t(f"{axis}r"), const(f"dims_{axis}", dims)], [t(f"{axis}4")])]
     nodes += [
-        helper.make_node("Reshape", ["cache_len", const("dims_b", [-1, 1, 1, 1])], [t("len4")]),
-        helper.make_node("Add", [t("tt4"), t("len4")], [t("pos4")]),  # [B, 1, T, 1]
+        helper.make_node("Unsqueeze", ["position_ids", const("axes13", [1, 3])], [t("pos4")]),  # [B, 1, T, 1]
         helper.make_node("Expand", [t("b4"), t("shape")], [t("bi")]),
         helper.make_node("Expand", [t("h4"), t("shape")], [t("hi")]),
         helper.make_node("Expand", [t("pos4"), t("shape")], [t("pi")]),

@@ -109,7 +109,7 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
                 check_same_tokenizer(target.tokenizer, draft.tokenizer, recipe.target.model, recipe.draft.model)
 
         with stages.stage("export target"):
-            target_options = dataclasses.replace(base_options, weight_quant=_target_quant(recipe))
+            target_options = dataclasses.replace(base_options, weight_quant=_target_quant(recipe), keys_at_positions=True)
             plan = {"target": PlannedGraph(capture("target", target.model, ranges), target_options, "target")}
         head = None
         if draft_graph:

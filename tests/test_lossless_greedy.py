@@ -189,3 +189,29 @@ def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch)
     assert bad == [] and first
     assert all(entered == min(context, max(4, left)) for entered, left, context in first.values())
     assert any(entered < context for entered, _, context in first.values())
+
+
+def test_float32_target_gives_a_token_the_same_bits_in_any_pass(bundles):
+    """The float32 ONNX Runtime target attends with each key at its token's position: a token's logits and KV are
+    the same bits inside a 4-token verify pass as in the 1-token passes that follow the cache; a tree graph (siblings
+    side by side) keeps ONNX Runtime's attention."""
+    import torch
+
+    from specc.cli.format import format_manifest
+    from specc.runtime.kv_cache import KVCache
+
+    model = specc.load(bundles["draft"])
+    assert model.bundle.graph("target").facts["attention_at_positions"] == 3
+    assert "attention keys at their positions" in format_manifest(model.bundle.manifest, model.bundle.path, True)
+    assert specc.load(bundles["tree_dynamic"]).bundle.graph("target").facts["attention_at_positions"] == 0
+    step = model.target.step
+    ids = torch.tensor([model.tokenizer.encode("def add(a, b):\n    return a + b\n" * 2)], dtype=torch.long)[:, :12]
+    cache = KVCache(step.dims, 1, 64)
+    out = dict(zip(step.output_names, step(ids[:, :8], cache, logit_index=torch.arange(8)[None])))
+    cache.commit(out["new_k"], out["new_v"], torch.tensor([8]))
+    four = dict(zip(step.output_names, step(ids[:, 8:12], cache, logit_index=torch.arange(4)[None])))
+    for j in range(4):
+        one = dict(zip(step.output_names, step(ids[:, 8 + j:9 + j], cache, logit_index=torch.tensor([[0]]))))
+        assert torch.equal(one["logits"][:, 0], four["logits"][:, j])
+        assert torch.equal(one["new_k"][..., 0, :], four["new_k"][..., j, :])
+        cache.commit(one["new_k"], one["new_v"], torch.tensor([1]))

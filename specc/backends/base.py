@@ -19,6 +19,9 @@ class LowerOptions:
     device: str = "cpu"
     quantize: str | None = None  # "int8": dynamic weight quantisation (onnxruntime)
     weight_quant: QuantConfig | None = None  # block-wise weight-only MatMulNBits (target.quantize, onnxruntime)
+    # the target: attention reads each key at its token's position, so a row's bits do not depend on the pass
+    # size (onnx_passes/attend_at_cache_positions.py; onnxruntime)
+    keys_at_positions: bool = False
     shapes: ShapePlan | None = None  # shape profiles, for backends that build per shape range (tensorrt, torch_tensorrt)
     tensorrt: TensorRTSpec = TensorRTSpec()
     previous_dir: Path | None = None  # this graph's directory in the bundle being replaced (TensorRT reuses its timing cache)

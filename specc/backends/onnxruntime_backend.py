@@ -12,7 +12,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..hardware import usable_cores
-from ..onnx_passes import QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
+from ..onnx_passes import AttendAtCachePositions, QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
 from ..onnx_passes.feed_cache_by_layer import FeedCacheByLayer, by_layer, stacked_input
 from ..onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from .base import LowerOptions, check_engine_matches, require_version
@@ -75,8 +75,10 @@ class OnnxRuntimeBackend:
         else:
             export_onnx(program, path, input_names, output_names, OPSET)
             feed_cache_by_layer(path)
-        files = sorted(p.name for p in out_dir.iterdir())
         entry, facts = FILE, cache_layout(path)  # of the graph exported here or copied from an earlier lowering
+        if options.keys_at_positions and options.weight_quant is None:  # a quantised target's pipeline does it too
+            facts["attention_at_positions"] = attend_at_positions(path)
+        files = sorted(p.name for p in out_dir.iterdir())
         if options.weight_quant is not None:
             entry = NBITS_FILE
             facts["weight_quant"] = quantize_blocks(path, out_dir / entry, options.weight_quant)
@@ -121,6 +123,18 @@ def feed_cache_by_layer(path: Path) -> None:
     model = onnx.load(str(path), load_external_data=False)
     run_onnx_passes(model, [FeedCacheByLayer()])
     onnx.save(model, str(path))
+
+
+def attend_at_positions(path: Path) -> int:
+    """Attention nodes of the ONNX graph at `path` rewritten to read each key at its token's position
+    (onnx_passes/attend_at_cache_positions.py), in place; the weights' external data is untouched."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    rewritten = run_onnx_passes(model, [AttendAtCachePositions()])["attention_at_positions"]
+    if rewritten:
+        onnx.save(model, str(path))
+    return rewritten
 
 
 def cache_layout(path: Path) -> dict:

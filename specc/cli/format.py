@@ -95,7 +95,8 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
 def fact_lines(facts: dict) -> list[str]:
     """The lines `inspect` prints for a graph's backend facts (quantisation, profiles, GPU, coverage, ...)."""
     lines = []
-    for key in ("weight_quant", "profiles", "profile", "compute_capability", "op_coverage", "fused_ops", "fallback", "numerics"):
+    for key in ("weight_quant", "attention_at_positions", "profiles", "profile", "compute_capability", "op_coverage",
+                "fused_ops", "fallback", "numerics"):
         if key in facts:
             try:
                 lines += _fact_lines(key, facts)
@@ -126,6 +127,8 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                 f"(where compiled): {_pass_rows(q)}"
                 + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
                 "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]
+    if key == "attention_at_positions":
+        return [f"  attention keys at their positions in float32 ({g[key]} nodes): rows independent of pass size"]
     if key == "fused_ops":
         return ["  fused ops " + ", ".join(f"{op} x{n}" for op, n in g["fused_ops"].items())
                 + " (the capture line below says how many sites each could cover)"]

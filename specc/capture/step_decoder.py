@@ -15,7 +15,9 @@ outputs
   new_v        [L, B, H, T, D] values of the T new tokens
 
 The runtime owns the cache: it copies the accepted tokens' new_k/new_v into it and
-advances cache_len. The graph never writes an input, so every backend can run it.
+advances cache_len. The graph never writes an input, so every backend can run it. Every pass
+gets S >= cache_len + T slots, so that a backend may attend over a copy of the cache with the
+new tokens at their positions (onnx_passes/attend_at_cache_positions.py).
 
 The decoder is assembled from the model's `Family` (capture/families/) over the Hugging Face
 model's own submodules and weights (embedding, projections, MLPs, rotary frequencies).

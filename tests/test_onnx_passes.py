@@ -345,6 +345,33 @@ def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
             assert np.abs(verify[b, :, j] - ref).max() < 1e-5
 
 
+def test_attention_at_cache_positions_keeps_the_fused_operator_for_wide_passes():
+    """fused_above=3: passes of up to 3 tokens take the positioned form (a token's row the same bits in a 3-token and
+    a 1-token pass), wider ones ONNX Runtime's fused operator over [cache ; new] (an If on the pass size); both
+    compute attention (float64 reference here)."""
+    import onnxruntime as ort
+
+    hq, hkv, d = 4, 2, 16
+    model = _step_attention_graph(hq, hkv, d)
+    assert AttendAtCachePositions(fused_above=3)(model) == {"attention_at_positions": 1, "attention_fused_above": 3}
+    assert [n.op_type for n in model.graph.node].count("If") == 1
+    assert not [n for n in model.graph.node if n.op_type == "Concat" and "k_cache" in n.input]  # only in the fused branch
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    lengths = [40, 57]
+    three, _ = _chain_rows(session, hq, hkv, d, lengths, 64, 3)
+    for j in range(3):
+        alone, _ = _chain_rows(session, hq, hkv, d, [n + j for n in lengths], 64, 1)
+        assert all(np.array_equal(alone[b, :, 0], three[b, :, j]) for b in range(2))
+    wide, (q, k, v) = _chain_rows(session, hq, hkv, d, lengths, 64, 6)
+    for b, n in enumerate(lengths):
+        for j in range(6):
+            keys, values = (np.repeat(x[b, :, :n + j + 1].astype(np.float64), hq // hkv, axis=0) for x in (k, v))
+            scores = np.einsum("hd,hsd->hs", q[b, :, n + j].astype(np.float64), keys) * d ** -0.5
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            ref = np.einsum("hs,hsd->hd", p / p.sum(-1, keepdims=True), values)
+            assert np.abs(wide[b, :, j] - ref).max() < 1e-5
+
+
 def test_attention_at_cache_positions_leaves_trees_and_other_nodes_to_the_float64_fallback():
     """A tree graph (siblings sit at consecutive indices, not at their depth's position), a graph without cache_len
     and an Attention node over keys that are not Concat(cache, new) are left as they are; the float64 pass then

@@ -77,7 +77,7 @@ class OnnxRuntimeBackend:
             feed_cache_by_layer(path)
         entry, facts = FILE, cache_layout(path)  # of the graph exported here or copied from an earlier lowering
         if options.keys_at_positions and options.weight_quant is None:  # a quantised target's pipeline does it too
-            facts["attention_at_positions"] = attend_at_positions(path)
+            facts.update(attend_at_positions(path))
         files = sorted(p.name for p in out_dir.iterdir())
         if options.weight_quant is not None:
             entry = NBITS_FILE
@@ -125,16 +125,22 @@ def feed_cache_by_layer(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def attend_at_positions(path: Path) -> int:
-    """Attention nodes of the ONNX graph at `path` rewritten to read each key at its token's position
-    (onnx_passes/attend_at_cache_positions.py), in place; the weights' external data is untouched."""
+# A float32 target's passes of more tokens than this (prefill chunks) keep ONNX Runtime's fused attention, which
+# does not write out a chunk's scores; verify passes are narrower, so they give a token a 1-token pass's bits.
+FUSED_ABOVE = 64
+
+
+def attend_at_positions(path: Path) -> dict:
+    """Attention nodes of the float32 ONNX graph at `path` rewritten to read each key at its token's position in
+    passes of up to FUSED_ABOVE tokens (onnx_passes/attend_at_cache_positions.py), in place; the weights'
+    external data is untouched. Returns the manifest facts."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    rewritten = run_onnx_passes(model, [AttendAtCachePositions()])["attention_at_positions"]
-    if rewritten:
+    facts = run_onnx_passes(model, [AttendAtCachePositions(fused_above=FUSED_ABOVE)])
+    if facts["attention_at_positions"]:
         onnx.save(model, str(path))
-    return rewritten
+    return facts
 
 
 def cache_layout(path: Path) -> dict:

@@ -128,7 +128,9 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                 + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
                 "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]
     if key == "attention_at_positions":
-        return [f"  attention keys at their positions in float32 ({g[key]} nodes): rows independent of pass size"]
+        wide = (f"; passes of more than {g['attention_fused_above']} tokens: ONNX Runtime's fused attention"
+                if g.get("attention_fused_above") else "")
+        return [f"  attention keys at their positions in float32 ({g[key]} nodes): rows independent of pass size{wide}"]
     if key == "fused_ops":
         return ["  fused ops " + ", ".join(f"{op} x{n}" for op, n in g["fused_ops"].items())
                 + " (the capture line below says how many sites each could cover)"]

@@ -59,14 +59,22 @@ def _none_left(model, _pass) -> bool:
 
 
 class AttendAtCachePositions(OnnxPass):
-    """Keys at their tokens' positions, attention in float32: rows independent of the pass size."""
+    """Keys at their tokens' positions, attention in float32: rows independent of the pass size.
+
+    fused_above: passes of more tokens than this (prefill chunks) keep ONNX Runtime's fused operator, which
+    tiles the scores instead of writing them out (an `If` on the pass size): their rows may then differ in the
+    last bits from a 1-token pass's, which a float32 target's prefill can afford and a quantised one's cannot
+    (its int8 activations would turn that into different prompt KV from one chunking to another)."""
 
     name = "attend_at_cache_positions"
     ensures = (OnnxProperty("keys-at-positions", _none_left,
                             "no float32 Attention over [cache ; new] keys left in a chain graph"),)
 
+    def __init__(self, fused_above: int | None = None):
+        self.fused_above = fused_above
+
     def apply(self, model) -> dict:
-        """Manifest facts: {"attention_at_positions": nodes rewritten}."""
+        """Manifest facts: {"attention_at_positions": nodes rewritten} (and "attention_fused_above")."""
         from onnx import helper, numpy_helper
 
         if not _chain_graph(model):
@@ -91,15 +99,14 @@ class AttendAtCachePositions(OnnxPass):
             q, _, _, mask = node.input
             p = f"{node.name}.at_positions"
             t = lambda s: f"{p}.{s}"  # noqa: E731
-            nodes = []
-            if "perm" not in shared:
-                nodes += _permutation(cache_k, const, "attend_at_positions")
+            if "perm" not in shared:  # computed once, in the main graph, for every layer
+                new_nodes += _permutation(cache_k, const, "attend_at_positions")
                 shared["perm"] = "attend_at_positions.perm"
             scatter = f"attend_at_positions.scatter.{heads[1]}"
             if scatter not in shared:
-                nodes += _scatter_index(new_k, const, scatter)
+                new_nodes += _scatter_index(new_k, const, scatter)
                 shared[scatter] = scatter
-            nodes += [
+            nodes = [
                 helper.make_node("Unsqueeze", [shared["perm"], const("axes12", [1, 2])], [t("perm4")]),
                 helper.make_node("Shape", [mask], [t("mask_rows")], start=0, end=3),
                 helper.make_node("Shape", [cache_k], [t("slots")], start=2, end=3),
@@ -109,27 +116,75 @@ class AttendAtCachePositions(OnnxPass):
                 helper.make_node("ScatterND", [cache_k, scatter, new_k], [t("k")]),
                 helper.make_node("ScatterND", [cache_v, scatter, new_v], [t("v")]),
             ]
-            nodes += grouped_attention(model, t, q, t("k"), t("v"), t("mask"), True, heads, scale_of(node),
-                                       node.output[0])
+            out = node.output[0] if self.fused_above is None else t("out")
+            nodes += grouped_attention(model, t, q, t("k"), t("v"), t("mask"), True, heads, scale_of(node), out)
             for i, n in enumerate(nodes):
                 n.name = n.name or f"{p}.{i}"
+            if self.fused_above is not None:
+                if "wide" not in shared:
+                    new_nodes += _wider_than(q, const("fused_above", self.fused_above), "attend_at_positions.wide")
+                    shared["wide"] = "attend_at_positions.wide"
+                nodes = [_if_wide(shared["wide"], node, (cache_k, new_k), (cache_v, new_v), nodes, out, p)]
             new_nodes += nodes
             replaced += 1
         _drop_unused(new_nodes, model)
         del model.graph.node[:]
         model.graph.node.extend(new_nodes)
-        return {"attention_at_positions": replaced}
+        facts = {"attention_at_positions": replaced}
+        return facts if self.fused_above is None else {**facts, "attention_fused_above": self.fused_above}
+
+
+def _wider_than(q: str, limit: str, name: str) -> list:
+    """`name`: a scalar bool, whether the pass holds more than `limit` tokens."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Shape", [q], [f"{name}.t"], start=2, end=3),
+             helper.make_node("Squeeze", [f"{name}.t"], [f"{name}.t0"]),
+             helper.make_node("Greater", [f"{name}.t0", limit], [name])]
+    for i, n in enumerate(nodes):
+        n.name = f"{name}.{i}"
+    return nodes
+
+
+def _if_wide(wide: str, attention, keys: tuple[str, str], values: tuple[str, str], positioned: list, out: str,
+             prefix: str):
+    """If(wide): the original fused Attention over [cache ; new]; else the positioned nodes."""
+    from onnx import TensorProto, helper
+
+    fused = helper.make_node("Attention", [attention.input[0], f"{prefix}.keys", f"{prefix}.values",
+                                           attention.input[3]], [f"{prefix}.fused"], name=f"{prefix}.fused",
+                             **{a.name: helper.get_attribute_value(a) for a in attention.attribute})
+    then_nodes = [helper.make_node("Concat", list(keys), [f"{prefix}.keys"], axis=2, name=f"{prefix}.keys"),
+                  helper.make_node("Concat", list(values), [f"{prefix}.values"], axis=2, name=f"{prefix}.values"),
+                  fused]
+
+    def branch(name: str, nodes: list, result: str):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(result, TensorProto.FLOAT, None)])
+
+    return helper.make_node("If", [wide], [attention.output[0]], name=f"{prefix}.if",
+                            then_branch=branch(f"{prefix}.then", then_nodes, f"{prefix}.fused"),
+                            else_branch=branch(f"{prefix}.else", positioned, out))
 
 
 def _drop_unused(nodes: list, model) -> None:
     """Remove the Concats of cache and new tokens nothing reads any more (in place)."""
     while True:
-        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+        used = {i for n in nodes for i in _reads(n)} | {o.name for o in model.graph.output}
         dead = [n for n in nodes if n.op_type == "Concat" and not any(o in used for o in n.output)]
         if not dead:
             return
         for n in dead:
             nodes.remove(n)
+
+
+def _reads(node) -> set[str]:
+    """The names a node reads, those its subgraphs read from the enclosing graph included."""
+    names = set(node.input)
+    for a in node.attribute:
+        if a.type == a.GRAPH:
+            for n in a.g.node:
+                names |= _reads(n)
+    return names
 
 
 def _permutation(cache: str, const, prefix: str) -> list:

@@ -305,6 +305,20 @@ def _chain_rows(session, hq: int, hkv: int, d: int, lengths: list[int], capacity
     return session.run(None, feeds)[0], (q_all, k_all, v_all)
 
 
+def _assert_attention(out: np.ndarray, sequences, lengths: list[int], d: int) -> None:
+    """`out` [B, Hq, T, D] is causal attention over each row's sequences (as `_chain_rows` returns them) at positions
+    length .. length + T - 1, computed here in float64, within float32 rounding."""
+    q, k, v = sequences
+    groups = q.shape[1] // k.shape[1]
+    for b, n in enumerate(lengths):
+        for j in range(out.shape[2]):
+            keys, values = (np.repeat(x[b, :, :n + j + 1].astype(np.float64), groups, axis=0) for x in (k, v))
+            scores = np.einsum("hd,hsd->hs", q[b, :, n + j].astype(np.float64), keys) * d ** -0.5
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            ref = np.einsum("hs,hsd->hd", p / p.sum(-1, keepdims=True), values)
+            assert np.abs(out[b, :, j] - ref).max() < 1e-5
+
+
 def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
     """A token's row is the same bits in a 5-token verify pass, a 3-token pass and the 1-token pass after the cache
     took the tokens before it (alone, or padded with copies of itself, which come out the same bits too), whatever
@@ -336,13 +350,7 @@ def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
             assert all(same)
         else:
             assert not all(same)
-    for b, n in enumerate(lengths):
-        for j in range(5):
-            keys, values = (np.repeat(x[b, :, :n + j + 1].astype(np.float64), hq // hkv, axis=0) for x in (k, v))
-            scores = np.einsum("hd,hsd->hs", q[b, :, n + j].astype(np.float64), keys) * d ** -0.5
-            p = np.exp(scores - scores.max(-1, keepdims=True))
-            ref = np.einsum("hs,hsd->hd", p / p.sum(-1, keepdims=True), values)
-            assert np.abs(verify[b, :, j] - ref).max() < 1e-5
+    _assert_attention(verify, (q, k, v), lengths, d)
 
 
 def test_attention_at_cache_positions_keeps_the_fused_operator_for_wide_passes():
@@ -363,13 +371,7 @@ def test_attention_at_cache_positions_keeps_the_fused_operator_for_wide_passes()
         alone, _ = _chain_rows(session, hq, hkv, d, [n + j for n in lengths], 64, 1)
         assert all(np.array_equal(alone[b, :, 0], three[b, :, j]) for b in range(2))
     wide, (q, k, v) = _chain_rows(session, hq, hkv, d, lengths, 64, 6)
-    for b, n in enumerate(lengths):
-        for j in range(6):
-            keys, values = (np.repeat(x[b, :, :n + j + 1].astype(np.float64), hq // hkv, axis=0) for x in (k, v))
-            scores = np.einsum("hd,hsd->hs", q[b, :, n + j].astype(np.float64), keys) * d ** -0.5
-            p = np.exp(scores - scores.max(-1, keepdims=True))
-            ref = np.einsum("hs,hsd->hd", p / p.sum(-1, keepdims=True), values)
-            assert np.abs(wide[b, :, j] - ref).max() < 1e-5
+    _assert_attention(wide, (q, k, v), lengths, d)
 
 
 def test_attention_at_cache_positions_leaves_trees_and_other_nodes_to_the_float64_fallback():

@@ -6,7 +6,8 @@ key sits at index S + j in the pass that computes it and at its position cache_l
 Float32 sums taken in another order round differently, and in a quantised graph the next layer's int8
 activation quantisation can turn that 1e-7 into a flipped greedy token (compute_attention_in_fp64.py says
 more). This rewrite writes each new token's key and value into a copy of the cache at its position
-(`position_ids`; ScatterND in place of the Concat) and permutes the mask the same way, so every query row sums
+(`position_ids`, which in a chain are the tokens' cache slots; ScatterND in place of the Concat) and permutes
+the mask the same way, so every query row sums
 the same keys at the same indices, in order, with only masked (zero) terms after them, whatever the pass size;
 it then attends in the grouped float32 form, whose rows MatMul computes alike in passes of 1 to 64 tokens.
 It copies the cache once, where the float64 fallback casts it three times over. The runtime gives every

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import OnnxPass, OnnxProperty
-from .grouped_attention import grouped_attention, is_bool, rewritable, scale_of
+from .grouped_attention import grouped_attention, is_bool, replace_nodes, rewritable, scale_of
 
 
 def _chain_graph(model) -> bool:
@@ -90,22 +90,21 @@ class AttendAtCachePositions(OnnxPass):
                 shared[name] = name
             return name
 
-        new_nodes, replaced = [], 0
-        for node in model.graph.node:
+        def rewrite(node) -> list | None:
             found = _eligible(model, node)
             if found is None:
-                new_nodes.append(node)
-                continue
+                return None
             heads, (cache_k, new_k), (cache_v, new_v) = found
             q, _, _, mask = node.input
             p = f"{node.name}.at_positions"
             t = lambda s: f"{p}.{s}"  # noqa: E731
-            if "perm" not in shared:  # computed once, in the main graph, for every layer
-                new_nodes += _permutation(cache_k, const, "attend_at_positions")
+            first = []  # computed once, in the main graph before the first layer that reads it, for every layer
+            if "perm" not in shared:
+                first += _permutation(cache_k, const, "attend_at_positions")
                 shared["perm"] = "attend_at_positions.perm"
             scatter = f"attend_at_positions.scatter.{heads[1]}"
             if scatter not in shared:
-                new_nodes += _scatter_index(new_k, const, scatter)
+                first += _scatter_index(new_k, const, scatter)
                 shared[scatter] = scatter
             nodes = [
                 helper.make_node("Unsqueeze", [shared["perm"], const("axes12", [1, 2])], [t("perm4")]),
@@ -123,14 +122,13 @@ class AttendAtCachePositions(OnnxPass):
                 n.name = n.name or f"{p}.{i}"
             if self.fused_above is not None:
                 if "wide" not in shared:
-                    new_nodes += _wider_than(q, const("fused_above", self.fused_above), "attend_at_positions.wide")
+                    first += _wider_than(q, const("fused_above", self.fused_above), "attend_at_positions.wide")
                     shared["wide"] = "attend_at_positions.wide"
                 nodes = [_if_wide(shared["wide"], node, (cache_k, new_k), (cache_v, new_v), nodes, out, p)]
-            new_nodes += nodes
-            replaced += 1
-        _drop_unused(new_nodes, model)
-        del model.graph.node[:]
-        model.graph.node.extend(new_nodes)
+            return first + nodes
+
+        replaced = replace_nodes(model, rewrite)
+        _drop_unused(model)
         facts = {"attention_at_positions": replaced}
         return facts if self.fused_above is None else {**facts, "attention_fused_above": self.fused_above}
 
@@ -167,8 +165,9 @@ def _if_wide(wide: str, attention, keys: tuple[str, str], values: tuple[str, str
                             else_branch=branch(f"{prefix}.else", positioned, out))
 
 
-def _drop_unused(nodes: list, model) -> None:
-    """Remove the Concats of cache and new tokens nothing reads any more (in place)."""
+def _drop_unused(model) -> None:
+    """Remove the Concats of cache and new tokens nothing reads any more."""
+    nodes = model.graph.node
     while True:
         used = {i for n in nodes for i in _reads(n)} | {o.name for o in model.graph.output}
         dead = [n for n in nodes if n.op_type == "Concat" and not any(o in used for o in n.output)]

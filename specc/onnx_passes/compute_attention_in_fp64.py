@@ -16,7 +16,8 @@ ensures: no 4-D, mask-only `Attention` node left computing in float32 (causal or
 from __future__ import annotations
 
 from .base import OnnxPass, OnnxProperty
-from .grouped_attention import DOUBLE, FLOAT, grouped_attention, is_bool, no_float32_attention, rewritable, scale_of
+from .grouped_attention import (DOUBLE, FLOAT, grouped_attention, is_bool, no_float32_attention, replace_nodes, rewritable,
+                                scale_of)
 
 
 class ComputeAttentionInFp64(OnnxPass):
@@ -30,12 +31,10 @@ class ComputeAttentionInFp64(OnnxPass):
         """Manifest facts: {"attention_float64": nodes rewritten}."""
         from onnx import helper
 
-        new_nodes, replaced = [], 0
-        for node in model.graph.node:
+        def rewrite(node) -> list | None:
             heads = rewritable(model, node)
             if heads is None:
-                new_nodes.append(node)
-                continue
+                return None
             p = f"{node.name}.fp64"
             t = lambda s: f"{p}.{s}"  # noqa: E731
             q, k, v = node.input[:3]
@@ -46,8 +45,7 @@ class ComputeAttentionInFp64(OnnxPass):
             nodes.append(helper.make_node("Cast", [t("o")], [node.output[0]], to=FLOAT))
             for i, n in enumerate(nodes):
                 n.name = f"{p}.{i}"
-            new_nodes += nodes
-            replaced += 1
-        del model.graph.node[:]
-        model.graph.node.extend(new_nodes)
+            return nodes
+
+        replaced = replace_nodes(model, rewrite)
         return {"attention_float64": replaced}

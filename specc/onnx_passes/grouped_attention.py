@@ -57,6 +57,22 @@ def is_bool(model, name: str) -> bool:
     return False
 
 
+def replace_nodes(model, rewrite) -> int:
+    """Rebuild the graph's node list in order, each node replaced by `rewrite(node)` (a list of nodes) or kept where
+    that is None; returns how many nodes were replaced."""
+    new_nodes, replaced = [], 0
+    for node in model.graph.node:
+        nodes = rewrite(node)
+        if nodes is None:
+            new_nodes.append(node)
+            continue
+        new_nodes += nodes
+        replaced += 1
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    return replaced
+
+
 def grouped_attention(model, t, q: str, k: str, v: str, mask: str | None, bool_mask: bool, heads: tuple[int, int],
                       scale: float, out: str, dtype: int = FLOAT) -> list:
     """Nodes computing `out` = softmax(q kᵀ · scale + mask) v in `dtype` (q, k, v already in it), the mask boolean

@@ -59,8 +59,8 @@ class StepRunner:
         b, t = ids.shape
         if tree_mask is not None and not self.has_tree_mask:
             raise ValueError("this graph was compiled without the tree pass; it takes no tree_mask")
-        # room for every new token at its slot: quantised graphs write each new key into the cache's copy at
-        # its position (onnx_passes/attend_at_cache_positions.py)
+        # room for every new token at its slot: ONNX Runtime target graphs write each new key into the cache's
+        # copy at its position (onnx_passes/attend_at_cache_positions.py)
         cache.ensure(int(cache.lengths.max()) + t if b else 0)
         if positions is None:
             positions = cache.lengths[:, None] + torch.arange(t, device=ids.device)[None, :]

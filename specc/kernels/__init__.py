@@ -1,0 +1,110 @@
+"""specc's own CPU kernels: int4 weights times int8 activations, one kernel per x86 ISA, chosen at run time.
+
+The library (csrc/, built when the package installs) serves two callers: ONNX Runtime, as the custom operator
+`ai.specc::Int4Gemm` of `target.quantize: int4-gemm` graphs (register_with), and Python through ctypes (gemm), for
+the tests that hold every ISA's kernel to the scalar reference and for scripts/bench_kernels.py. Every kernel gives
+a row the same bits whatever else its pass holds, and the same bits as the scalar reference (csrc/q4gemm.h).
+
+SPECC_KERNEL_ISA (scalar, avx2, avxvnni, avx512vnni) picks the kernel ONNX Runtime runs where this CPU has it;
+SPECC_KERNEL_THREADS the threads it uses (default: the CPUs this process may run on).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpeccError
+from .pack import PackedInt4, pack_int4
+
+ISAS = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the order of the library's Isa enum
+DOMAIN = "ai.specc"
+OP = "Int4Gemm"
+
+
+class KernelsUnavailable(SpeccError):
+    """The kernel library was not built or cannot be opened here."""
+
+
+def library_path() -> Path | None:
+    """The built library next to this file, or None."""
+    found = sorted(Path(__file__).parent.glob("_specc_kernels*.so"))
+    return found[0] if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    """The opened kernel library; KernelsUnavailable with what to do where it is missing."""
+    path = library_path()
+    if path is None:
+        raise KernelsUnavailable(
+            "specc's kernel library is not built (it needs a C++ compiler when specc installs): install g++ "
+            "(apt-get install g++) and reinstall specc (pip install -e .), or choose target.quantize int4 or int8-gemm")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KernelsUnavailable(f"specc's kernel library {path} cannot be opened: {e}") from None
+    lib.specc_isa_name.restype = ctypes.c_char_p
+    lib.specc_int4_packed_bytes.restype = ctypes.c_longlong
+    lib.specc_int4_packed_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int]
+    lib.specc_int4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
+                                    ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    if [lib.specc_isa_name(i).decode() for i in range(lib.specc_isa_count())] != list(ISAS):
+        raise KernelsUnavailable(f"specc's kernel library {path} is from another specc version: reinstall specc")
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+    except KernelsUnavailable:
+        return False
+    return True
+
+
+def supported_isas() -> list[str]:
+    """The kernels this CPU can run, the scalar reference first."""
+    lib = library()
+    return [name for i, name in enumerate(ISAS) if lib.specc_isa_supported(i)]
+
+
+def best_isa() -> str:
+    return ISAS[library().specc_best_isa()]
+
+
+def active_isa() -> str:
+    """The kernel ONNX Runtime's Int4Gemm runs here: SPECC_KERNEL_ISA where this CPU has it, else the best."""
+    wanted = os.environ.get("SPECC_KERNEL_ISA")
+    if wanted is not None and wanted not in ISAS:
+        raise SpeccError(f"SPECC_KERNEL_ISA={wanted!r} names no kernel; allowed: {', '.join(ISAS)}")
+    return wanted if wanted in supported_isas() else best_isa()
+
+
+def register_with(session_options) -> None:
+    """Make Int4Gemm available to sessions built with these onnxruntime.SessionOptions."""
+    library()
+    session_options.register_custom_ops_library(str(library_path()))
+
+
+def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1) -> np.ndarray:
+    """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here)."""
+    lib = library()
+    isa = isa or best_isa()
+    if isa not in ISAS:
+        raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.k:
+        raise SpeccError(f"x must be [m, {w.k}], got {list(x.shape)}")
+    y = np.empty((x.shape[0], w.n), np.float32)
+    rc = lib.specc_int4_gemm(ISAS.index(isa), x.ctypes.data, x.shape[0], w.data.ctypes.data, w.n, w.k, int(w.offsets),
+                             y.ctypes.data, threads)
+    if rc != 0:
+        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+    return y
+
+
+__all__ = ["DOMAIN", "ISAS", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "gemm",
+           "library", "library_path", "pack_int4", "register_with", "supported_isas"]

@@ -1,0 +1,41 @@
+// A plain C interface to the kernels for Python (ctypes): the tests compare every ISA with the scalar reference,
+// and the kernel benchmark times them outside ONNX Runtime.
+#include "q4gemm.h"
+
+using specc::Isa;
+
+extern "C" {
+
+int specc_kernels_abi() { return 1; }
+
+int specc_isa_count() { return static_cast<int>(Isa::kCount); }
+
+const char* specc_isa_name(int isa) { return specc::isa_name(static_cast<Isa>(isa)); }
+
+int specc_isa_supported(int isa) {
+  return isa >= 0 && isa < static_cast<int>(Isa::kCount) && specc::isa_supported(static_cast<Isa>(isa));
+}
+
+int specc_best_isa() { return static_cast<int>(specc::best_isa()); }
+
+long long specc_int4_packed_bytes(long long n, long long k, int offsets) {
+  specc::Q4Layout l;
+  l.n = n;
+  l.k = k;
+  l.offsets = offsets != 0;
+  return l.bytes();
+}
+
+// y [m, n] = x [m, k] times the packed weight; 0, or -1 for an ISA this CPU lacks or bad sizes.
+int specc_int4_gemm(int isa, const float* x, long long m, const unsigned char* w, long long n, long long k, int offsets,
+                    float* y, int threads) {
+  if (!specc_isa_supported(isa) || m < 0 || n <= 0 || k <= 0 || threads < 1) return -1;
+  specc::Q4Layout l;
+  l.n = n;
+  l.k = k;
+  l.offsets = offsets != 0;
+  if (m > 0) specc::gemm(static_cast<Isa>(isa), x, m, w, l, y, threads);
+  return 0;
+}
+
+}  // extern "C"

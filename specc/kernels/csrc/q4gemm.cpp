@@ -1,0 +1,86 @@
+// Kernel choice at run time and the threaded GEMM over whichever kernel was chosen.
+#include "q4gemm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "threadpool.h"
+
+namespace specc {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvxVnni: return "avxvnni";
+    case Isa::kAvx512Vnni: return "avx512vnni";
+    default: return "unknown";
+  }
+}
+
+bool isa_supported(Isa isa) {
+#if !defined(__x86_64__)
+  return isa == Isa::kScalar;
+#else
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return avx2;
+    case Isa::kAvxVnni: return avx2 && __builtin_cpu_supports("avxvnni");
+    case Isa::kAvx512Vnni:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
+    default: return false;
+  }
+#endif
+}
+
+Isa best_isa() {
+  for (Isa isa : {Isa::kAvx512Vnni, Isa::kAvxVnni, Isa::kAvx2})
+    if (isa_supported(isa)) return isa;
+  return Isa::kScalar;
+}
+
+namespace {
+
+TileKernel kernel_for(Isa isa) {
+#if defined(__x86_64__)
+  switch (isa) {
+    case Isa::kAvx2: return gemm_tiles_avx2;
+    case Isa::kAvxVnni: return gemm_tiles_avxvnni;
+    case Isa::kAvx512Vnni: return gemm_tiles_avx512vnni;
+    default: return gemm_tiles_scalar;
+  }
+#else
+  (void)isa;
+  return gemm_tiles_scalar;
+#endif
+}
+
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, dsum;
+};
+
+}  // namespace
+
+void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads) {
+  thread_local Scratch s;
+  const int64_t nb = l.blocks();
+  s.q.resize(m * nb * kBlock);
+  s.d.resize(m * nb);
+  s.dsum.resize(m * nb * kLanes);
+  quantize_rows(x, m, l.k, nb, s.q.data(), s.d.data(), s.dsum.data());
+  const QuantizedRows a{s.q.data(), s.d.data(), s.dsum.data(), nb};
+  const TileKernel kernel = kernel_for(isa);
+  const int64_t tiles = l.tiles();
+  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
+  shared_pool().run(tasks, [&](int i) {
+    const int64_t t0 = tiles * i / tasks, t1 = tiles * (i + 1) / tasks;
+    kernel(a, 0, m, w, l, t0, t1, y, l.n);
+  });
+}
+
+}  // namespace specc

@@ -1,0 +1,84 @@
+// AVX-512 VNNI kernel (512-bit): one register holds a column pair, column 2p in lanes 0-7 and 2p+1 in lanes 8-15,
+// so one vpdpbusd gives both columns' exact int32 lane sums for a block and a row. A pair's packed 32 bytes,
+// broadcast to both halves and shifted by 0 or 4 bits per half, are its two columns' weights.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <vector>
+
+#include "q4gemm.h"
+
+namespace specc {
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+namespace {
+
+#include "q4gemm_avx2.inc"
+
+// Rows [m, m + MR) of one tile, all four column pairs.
+template <int MR>
+inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, const TileScales& sc, const Q4Layout& l,
+                      float* y, int64_t ldy, int64_t n0) {
+  const int64_t nb = l.blocks(), tbb = l.tile_block_bytes();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512i pick[kTile / 2];
+  for (int p = 0; p < kTile / 2; ++p)
+    pick[p] = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
+  __m512 acc[MR][kTile / 2];
+  for (int r = 0; r < MR; ++r)
+    for (int p = 0; p < kTile / 2; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* tb = tile + b * tbb;
+    const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.scale.data() + b * kTile));
+    const __m512 o8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.offset.data() + b * kTile));
+    __m512i w[kTile / 2];
+    __m512 dw[kTile / 2], of[kTile / 2];
+    for (int p = 0; p < kTile / 2; ++p) {
+      const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + p * kBlock)));
+      w[p] = _mm512_and_si512(_mm512_srlv_epi16(packed, shifts), low);
+      dw[p] = _mm512_permutexvar_ps(pick[p], s8);
+      of[p] = _mm512_permutexvar_ps(pick[p], o8);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const int64_t row = (m + r) * nb + b;
+      const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + row * kBlock)));
+      const __m512 dx = _mm512_set1_ps(a.d[row]);
+      const __m512 ds = _mm512_broadcast_f32x8(_mm256_loadu_ps(a.dsum + row * kLanes));
+      for (int p = 0; p < kTile / 2; ++p) {
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], x));
+        acc[r][p] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw[p], dx), acc[r][p]);
+        acc[r][p] = _mm512_fmadd_ps(of[p], ds, acc[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int p = 0; p < kTile / 2; ++p) {
+      const int64_t n = n0 + 2 * p;
+      if (n < l.n) y[(m + r) * ldy + n] = hsum8(_mm512_castps512_ps256(acc[r][p]));
+      if (n + 1 < l.n) y[(m + r) * ldy + n + 1] = hsum8(_mm512_extractf32x8_ps(acc[r][p], 1));
+    }
+}
+
+}  // namespace
+
+void gemm_tiles_avx512vnni(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l,
+                           int64_t t0, int64_t t1, float* y, int64_t ldy) {
+  TileScales sc(l.blocks());
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = w + t * l.tile_bytes();
+    sc.load(tile, l);
+    int64_t m = m0;
+    for (; m + 4 <= m1; m += 4) tile_rows<4>(a, m, tile, sc, l, y, ldy, t * kTile);
+    for (; m + 2 <= m1; m += 2) tile_rows<2>(a, m, tile, sc, l, y, ldy, t * kTile);
+    for (; m < m1; ++m) tile_rows<1>(a, m, tile, sc, l, y, ldy, t * kTile);
+  }
+}
+
+#pragma GCC pop_options
+
+}  // namespace specc
+
+#endif  // __x86_64__

@@ -1,0 +1,69 @@
+"""The packed weight format of the Int4Gemm kernels (csrc/q4gemm.h), written from a BlockWeight.
+
+A weight is q * scale + offset per block of 32 inputs, q in 0..15. Column tiles of 8 outputs; each tile's blocks in
+order; a tile-block holds 4 column pairs of 32 bytes (input i of column 2p in byte i's low nibble, of column 2p+1 in
+its high nibble), then the 8 columns' fp16 scales, then their fp16 offsets. Symmetric weights (zero point 8, no
+offset: GGUF's Q4_0, round to nearest here) leave the offsets out and the kernel uses -8 * scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..block_weights import BlockWeight
+
+BLOCK = 32
+TILE = 8
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass
+class PackedInt4:
+    data: np.ndarray  # uint8, the packed bytes
+    n: int
+    k: int
+    offsets: bool
+
+
+def packable(bw: BlockWeight) -> bool:
+    """Is this a 4-bit weight in blocks of 32, the one format the kernels take?"""
+    return bw.bits == 4 and bw.block_size == BLOCK
+
+
+def pack_int4(bw: BlockWeight) -> PackedInt4:
+    """The kernels' bytes for a 4-bit, block-32 weight; ValueError for another format or scales beyond fp16."""
+    if not packable(bw):
+        raise ValueError(f"Int4Gemm packs 4-bit weights in blocks of {BLOCK}, not {bw.bits}-bit blocks of {bw.block_size}")
+    n, blocks = bw.scales.shape
+    symmetric = bw.offsets is None and bool(np.all(bw.zero_points == 8))
+    scales = bw.scales.astype(np.float32)
+    offsets = None if symmetric else (
+        (bw.offsets if bw.offsets is not None else np.zeros_like(scales)) - bw.zero_points.astype(np.float32) * scales)
+    for name, values in (("scale", scales), ("offset", offsets)):
+        if values is not None and (not np.all(np.isfinite(values)) or np.abs(values).max(initial=0) > FP16_MAX):
+            raise ValueError(f"a block {name} is not finite or beyond fp16's range")
+    tiles = -(-n // TILE)
+    pad = tiles * TILE - n
+    q = np.pad(bw.q, ((0, pad), (0, 0), (0, 0))).reshape(tiles, TILE, blocks, BLOCK)
+    pairs = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)  # [tiles, 4, blocks, 32]
+    parts = [pairs.transpose(0, 2, 1, 3).reshape(tiles, blocks, TILE * BLOCK // 2)]
+    for values in (scales, offsets):
+        if values is not None:
+            halves = np.pad(values, ((0, pad), (0, 0))).reshape(tiles, TILE, blocks).transpose(0, 2, 1)
+            parts.append(np.ascontiguousarray(halves).astype(np.float16).view(np.uint8))
+    data = np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1)
+    return PackedInt4(data, n, bw.k, not symmetric)
+
+
+def dequantize(bw: BlockWeight, symmetric_as_offsets: bool = False) -> np.ndarray:
+    """The float32 weight [N, K] the kernels multiply by (fp16 scales and offsets, as packed)."""
+    p = pack_int4(bw)
+    scales = bw.scales.astype(np.float16).astype(np.float32)
+    if not p.offsets:
+        offsets = -8 * scales
+    else:
+        raw = (bw.offsets if bw.offsets is not None else np.zeros_like(bw.scales)) - bw.zero_points * bw.scales
+        offsets = raw.astype(np.float16).astype(np.float32)
+    w = bw.q.astype(np.float32) * scales[..., None] + offsets[..., None]
+    return w.reshape(bw.n, -1)[:, :bw.k]

@@ -277,7 +277,7 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
     spec = recipe.target
     if not spec.quantize:
         return None
-    bits = {"int8": 8, "int4": 4, "fp8": 8, "int8-gemm": 8}[spec.quantize]
+    bits = {"int8": 8, "int4": 4, "fp8": 8, "int8-gemm": 8, "int4-gemm": 4}[spec.quantize]
     config = QuantConfig(bits, spec.block_size, spec.accuracy_level, True, tuple(spec.keep_float), spec.quantize)
     keeps_blocks = spec.gguf_blocks and recipe.backend == "onnxruntime" and spec.quantize != "int8-gemm"
     gguf = gguf_source(spec.model) if keeps_blocks else None

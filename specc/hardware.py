@@ -17,6 +17,7 @@ import os
 import platform
 from pathlib import Path
 
+from .onnx_passes.quantize_int4_gemm import rows_independent_of_pass_size as int4_rows_independent_of_pass_size
 from .onnx_passes.quantize_int8_gemm import rows_independent_of_pass_size
 from .onnx_passes.quantize_matmul_nbits import fewest_pass_rows
 
@@ -84,6 +85,11 @@ def _int8_gemm_rows() -> int | None:
     return 1 if rows_independent_of_pass_size() else None
 
 
+@functools.lru_cache(maxsize=None)
+def _int4_gemm_rows() -> int | None:
+    return 1 if int4_rows_independent_of_pass_size() else None
+
+
 def min_pass_rows_here(weight_quant: dict | None) -> int | None:
     """The fewest rows a pass of a graph quantised as `weight_quant` (its manifest entry) needs on this CPU for
     each row to get the bits it gets in any larger pass: 1 (no quantised kernels, or row-invariant ones), 2, or
@@ -92,4 +98,6 @@ def min_pass_rows_here(weight_quant: dict | None) -> int | None:
         return 1
     if weight_quant.get("kind") == "int8-gemm":
         return _int8_gemm_rows()
+    if weight_quant.get("kind") == "int4-gemm":
+        return _int4_gemm_rows()
     return _nbits_rows(int(weight_quant["bits"]), int(weight_quant["block_size"]), int(weight_quant["accuracy_level"]))

@@ -48,8 +48,10 @@ class TargetSpec:
     quantize: str | None = _f(None, "quantisation of the target's linear layers: int8/int4 weight-only blocks (onnxruntime: "
                                     "MatMulNBits; tensorrt: DequantizeLinear → MatMul weight-only form, fp8 too), or int8-gemm "
                                     "(onnxruntime: int8 weights per output channel on the integer GEMM, activations per row in "
-                                    "two int8 parts; the cheapest verify passes on CPUs with VNNI); speculation stays lossless "
-                                    "relative to this quantised target", choices=("int8", "int4", "int8-gemm", "fp8"))
+                                    "two int8 parts), or int4-gemm (onnxruntime: specc's own kernels, 4-bit blocks of 32 times "
+                                    "int8 activations, a GGUF's Q4 blocks kept; the fastest decode and verify on x86 CPUs); "
+                                    "speculation stays lossless relative to this quantised target",
+                             choices=("int8", "int4", "int8-gemm", "int4-gemm", "fp8"))
     block_size: int = _f(32, "target.quantize: weights per quantisation block (one scale each)", choices=(16, 32, 64, 128, 256))
     accuracy_level: int = _f(4, "target.quantize: MatMulNBits compute type: 4 int8 activations (fastest here), 1 float32",
                              choices=(0, 1, 2, 3, 4))
@@ -219,7 +221,15 @@ def _check_consistency(r: Recipe) -> None:
     if r.target.quantize and r.backend not in ("onnxruntime", "tensorrt"):
         raise RecipeError("target.quantize", _TARGET_QUANT_BACKENDS[r.backend])
     if r.target.quantize == "fp8" and r.backend != "tensorrt":
-        raise RecipeError("target.quantize", "fp8 weights are for backend tensorrt; onnxruntime takes int8, int4 or int8-gemm")
+        raise RecipeError("target.quantize", "fp8 weights are for backend tensorrt; onnxruntime takes int8, int4, int8-gemm "
+                                             "or int4-gemm")
+    if r.target.quantize == "int4-gemm":
+        if r.backend != "onnxruntime":
+            raise RecipeError("target.quantize", "int4-gemm runs on specc's own ONNX Runtime kernels: backend onnxruntime "
+                                                 "only (tensorrt takes int8, int4 or fp8)")
+        for name, default in (("block_size", 32), ("accuracy_level", 4)):
+            if getattr(r.target, name) != default:
+                raise RecipeError(f"target.{name}", "does not apply to int4-gemm (blocks of 32, int8 activations)")
     if r.target.quantize == "int8-gemm":
         if r.backend != "onnxruntime":
             raise RecipeError("target.quantize", "int8-gemm runs on ONNX Runtime's integer GEMM: backend onnxruntime only "
@@ -232,7 +242,7 @@ def _check_consistency(r: Recipe) -> None:
         for name, default in (("block_size", 32), ("accuracy_level", 4), ("keep_float", []), ("gguf_blocks", True),
                               ("gguf_requantize", [])):
             if getattr(r.target, name) != default:
-                raise RecipeError(f"target.{name}", "only applies with target.quantize (int8, int4 or int8-gemm)")
+                raise RecipeError(f"target.{name}", "only applies with target.quantize (int8, int4, int8-gemm or int4-gemm)")
     if any(not isinstance(p, str) or not p for p in r.target.keep_float):
         raise RecipeError("target.keep_float", f"expected module names or globs (strings), got {r.target.keep_float!r}")
     bad = [t for t in r.target.gguf_requantize if t not in GGUF_BLOCK_TYPES]

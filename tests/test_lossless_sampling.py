@@ -41,11 +41,12 @@ def small_vocab(tmp_path_factory):
                     "lookup_first": lookup_first}
 
 
-def exact_marginals(target_dir, params: SamplingParams, prompt: list[int] = PROMPT):
-    """P(t1), P(t2), P(t3) of the target with this processing, by enumerating contexts."""
+def exact_marginals(target, params: SamplingParams, prompt: list[int] = PROMPT):
+    """P(t1), P(t2), P(t3) of the target (a model directory or a loaded HF model) with this processing, by
+    enumerating contexts."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    hf = target if isinstance(target, torch.nn.Module) else AutoModelForCausalLM.from_pretrained(target).eval()
     prompt = torch.tensor(prompt)
 
     def probs(logits):

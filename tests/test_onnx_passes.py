@@ -12,6 +12,7 @@ from specc.onnx_passes import (ALL_ONNX_PASSES, OnnxPassContractError, QuantConf
 from specc.onnx_passes.attend_at_cache_positions import AttendAtCachePositions
 from specc.onnx_passes.compute_attention_in_fp64 import ComputeAttentionInFp64
 from specc.onnx_passes.fold_weight_transposes import FoldWeightTransposes
+from specc.onnx_passes.quantize_int4_gemm import QuantizeInt4Gemm
 from specc.onnx_passes.quantize_int8_gemm import QuantizeInt8Gemm, quantize_channels
 from specc.onnx_passes.quantize_matmul_nbits import QuantizeMatMulNBits
 from specc.onnx_passes.quantize_weight_only_dq import QuantizeWeightOnlyDQ
@@ -135,6 +136,51 @@ def test_int8_gemm_merges_linears_that_read_one_input_without_changing_a_bit():
         "merged_layers"] == 0
 
 
+def _run_with_kernels(model, x: np.ndarray) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    from specc.kernels import register_with
+
+    so = ort.SessionOptions()
+    register_with(so)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_int4_gemm_keeps_gguf_blocks_merges_shared_inputs_and_rounds_the_rest():
+    """int4-gemm: a merged gate+up whose gate is a GGUF Q4_1-style weight (kept as stored) and whose up has only
+    8-bit blocks (rounded to 4 bits); each output equals its own weight's Int4Gemm, rows independent of the pass."""
+    from specc import kernels
+    from specc.kernels.pack import pack_int4
+
+    if not kernels.available():
+        pytest.skip("specc's kernel library is not built here")
+    rng = np.random.default_rng(6)
+    gate = quantize_rtn(rng.normal(size=(24, 64)).astype(np.float32), 4, 32)
+    gate.zero_points[:] = 0
+    gate.offsets = rng.normal(size=gate.scales.shape).astype(np.float32) * 0.1
+    gate.source = "gguf:Q4_1"
+    wb = rng.normal(size=(40, 64)).astype(np.float32)
+    up8 = quantize_rtn(wb, 8, 32)
+    up8.source = "gguf:Q8_0"
+    model = _two_linears_graph(gate.dequantize(), up8.dequantize(), shared=True)
+    imported = {"layers.0.mlp.gate_proj": [gate], "layers.0.mlp.up_proj": [up8]}
+    summary = QuantizeInt4Gemm(QuantConfig(4, kind="int4-gemm", imported=imported))(model)
+    assert summary["merged_layers"] == 1 and summary["min_pass_rows"] == 1
+    assert summary["layers"] == {"gguf:Q4_1 int4 block 32+rtn int4 block 32 (gguf values differ)": 1}
+    assert [n.op_type for n in model.graph.node].count("Int4Gemm") == 1
+    assert "ai.specc" in {o.domain for o in model.opset_import}
+    x = rng.normal(size=(1, 7, 64)).astype(np.float32)
+    ya, yb = _run_with_kernels(model, x)
+    up4 = quantize_rtn(up8.dequantize(), 4, 32)
+    assert np.array_equal(ya, kernels.gemm(x[0], pack_int4(gate))[None] + 1)
+    assert np.array_equal(yb, kernels.gemm(x[0], pack_int4(up4))[None])
+    rows = np.concatenate([_run_with_kernels(model, x[:, i:i + 1])[1] for i in range(7)], axis=1)
+    assert np.array_equal(rows, yb)
+    kept = _two_linears_graph(gate.dequantize(), wb, shared=True)
+    assert QuantizeInt4Gemm(QuantConfig(4, kind="int4-gemm", keep_float=("*up_proj",)))(kept)["layers"] == {
+        "rtn int4 block 32": 1, "float32": 1}
+
+
 def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(16, 32)).astype(np.float32)
@@ -193,6 +239,7 @@ def test_quantising_before_folding_is_refused_naming_the_pass():
     """The contract catches a pipeline in the wrong order: the tied head would have stayed float."""
     emb = np.random.default_rng(7).normal(size=(40, 32)).astype(np.float32)
     for quantiser in (QuantizeMatMulNBits(QuantConfig(4, 32)), QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm")),
+                      QuantizeInt4Gemm(QuantConfig(4, kind="int4-gemm")),
                       QuantizeWeightOnlyDQ(QuantConfig(8, 32, kind="int8"))):
         with pytest.raises(OnnxPassContractError, match=f"ONNX pass {quantiser.name} requires no Transpose"):
             quantiser(_tied_head_graph(emb))

@@ -108,6 +108,10 @@ class OnnxRuntimeBackend:
         check_external_data(graph_dir / entry["entry"], entry["files"])
 
         so = session_options()
+        if entry.get("weight_quant", {}).get("kind") == "int4-gemm":
+            from ..kernels import register_with
+
+            register_with(so)  # specc's own library, installed with the package: the bundle brings no code
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
         names, kv, layers = abi_inputs(session.get_inputs())
         check_engine_matches(entry, names, [o.name for o in session.get_outputs()], kv,

@@ -98,8 +98,8 @@ def _label(model) -> str:
     q = graph.facts.get("weight_quant")
     if q is None:
         return "target (" + (graph.quantize or "float32") + ")"
-    if q.get("kind") == "int8-gemm":
-        return "target int8-gemm"
+    if q.get("kind") in ("int8-gemm", "int4-gemm"):
+        return f"target {q['kind']}"
     return f"target int{q['bits']} block {q['block_size']} acc {q['accuracy_level']}"
 
 

@@ -139,7 +139,8 @@ class SpeccSystem:
 def target_build(manifest) -> str:
     """How a bundle's target was compiled: what its target-only output depends on beside the weights."""
     t = manifest.recipe.target
-    blocks = "" if t.quantize == "int8-gemm" else f" block {t.block_size} acc {t.accuracy_level} gguf_blocks {t.gguf_blocks}"
+    blocks = {"int8-gemm": "", "int4-gemm": f" gguf_blocks {t.gguf_blocks}"}.get(
+        t.quantize, f" block {t.block_size} acc {t.accuracy_level} gguf_blocks {t.gguf_blocks}")
     quant = (f"{t.quantize}{blocks}"
              + (f" requantize {','.join(t.gguf_requantize)}" if t.gguf_requantize else "")
              + (f" float {','.join(t.keep_float)}" if t.keep_float else "")) if t.quantize else "unquantised"

@@ -118,10 +118,10 @@ def _fact_lines(key: str, g: dict) -> list[str]:
                 f"operator table: {len(c['unsupported'])} unsupported"]
     if key == "weight_quant":
         q = g["weight_quant"]
-        kernel = (f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts"
-                  + (f", {q['merged_layers']} layers merged into one GEMM with another" if q.get("merged_layers") else "")
-                  if q.get("kind") == "int8-gemm" else
-                  f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}")
+        merged = f", {q['merged_layers']} layers merged into one GEMM with another" if q.get("merged_layers") else ""
+        kernel = {"int8-gemm": f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts{merged}",
+                  "int4-gemm": f"int4 blocks of {q.get('block_size')}, {q['kernel']}{merged}"}.get(
+            q.get("kind"), f"int{q['bits']} MatMulNBits, block {q.get('block_size')}, accuracy level {q.get('accuracy_level')}")
         return [f"  weights   {kernel}, "
                 f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, {_attention_form(q)}, rows independent of pass size "
                 f"(where compiled): {_pass_rows(q)}"

@@ -7,16 +7,18 @@ from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .feed_cache_by_layer import FeedCacheByLayer
 from .fold_weight_transposes import FoldWeightTransposes
 from .linear_layers import QuantConfig
+from .quantize_int4_gemm import QuantizeInt4Gemm
 from .quantize_int8_gemm import QuantizeInt8Gemm
 from .quantize_matmul_nbits import QuantizeMatMulNBits
 from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
 
 
 def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
-    """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (or the integer GEMM for int8-gemm),
+    """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (the integer GEMM for int8-gemm, specc's
+    own int4 kernel for int4-gemm),
     attention with keys at their positions in float32, or in float64 where that rewrite does not apply (the k+1-token
     verify then sees the numbers a 1-token decode sees)."""
-    quantize = QuantizeInt8Gemm(config) if config.kind == "int8-gemm" else QuantizeMatMulNBits(config)
+    quantize = {"int8-gemm": QuantizeInt8Gemm, "int4-gemm": QuantizeInt4Gemm}.get(config.kind, QuantizeMatMulNBits)(config)
     return [FoldWeightTransposes(), quantize, AttendAtCachePositions(), ComputeAttentionInFp64()]
 
 
@@ -26,7 +28,7 @@ def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
 
 
 ALL_ONNX_PASSES: list[type[OnnxPass]] = [FeedCacheByLayer, FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
-                                         QuantizeWeightOnlyDQ, AttendAtCachePositions, ComputeAttentionInFp64]
+                                         QuantizeInt4Gemm, QuantizeWeightOnlyDQ, AttendAtCachePositions, ComputeAttentionInFp64]
 
 
 def describe_onnx_passes() -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def rows_match_small_passes(model, x: np.ndarray, rows: int = 1) -> bool:
+def rows_match_small_passes(model, x: np.ndarray, rows: int = 1, session_options=None) -> bool:
     """Does the ONNX `model` (input "x", output "y", rows on axis -2) give its first 2, 4, 6 and 9 rows of x the bits
     it gives each row alone in a pass of `rows` rows (the row and copies of it)?"""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), session_options, providers=["CPUExecutionProvider"])
     alone = [session.run(None, {"x": np.repeat(x[..., i:i + 1, :], rows, axis=-2)})[0][..., :1, :] for i in range(x.shape[-2])]
     single = np.concatenate(alone, axis=-2)
     return all(np.array_equal(session.run(None, {"x": x[..., :m, :]})[0], single[..., :m, :]) for m in (2, 4, 6, 9))

@@ -80,6 +80,49 @@ def replace_linear_layers(model, config: QuantConfig, replace) -> tuple[dict, in
     return counts, weight_bytes
 
 
+def merge_shared_input_linears(model, config: QuantConfig) -> int:
+    """Linear layers that read one activation (q, k and v; gate and up) → one MatMul over their weights side by
+    side and a Split back into their outputs (in place); returns how many layers were merged into another.
+
+    Every output channel keeps its own weights and, quantised per channel, its own scale, so every output has
+    the bits it had; a pass runs one GEMM and one recombination where it ran two or three (docs/quantization.md)."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    groups: dict[str, list] = {}
+    for node in model.graph.node:
+        module = linear_module(node) if linear_weight(node, inits) is not None else None
+        if module is not None and not config.keeps(module):
+            groups.setdefault(node.input[0], []).append(node)
+    merged_weights: set[str] = set()
+    replaced: dict[str, list] = {}  # first member's output -> [MatMul, Split]; other members' -> []
+    for x, members in groups.items():
+        if len(members) < 2:
+            continue
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in members]  # [K, N_i]
+        name = f"{members[0].output[0]}.merged"
+        w_init = numpy_helper.from_array(np.concatenate(weights, axis=1), f"{name}.weight")
+        sizes = numpy_helper.from_array(np.array([w.shape[1] for w in weights], np.int64), f"{name}.sizes")
+        model.graph.initializer.extend([w_init, sizes])
+        matmul = helper.make_node("MatMul", [x, w_init.name], [f"{name}.out"], name=name)
+        modules = "+".join(linear_module(n) for n in members)
+        matmul.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{modules}', 'linear']")
+        split = helper.make_node("Split", [matmul.output[0], sizes.name], [n.output[0] for n in members], axis=-1,
+                                 name=f"{name}.outputs")
+        replaced[members[0].output[0]] = [matmul, split]
+        replaced.update({n.output[0]: [] for n in members[1:]})
+        merged_weights.update(n.input[1] for n in members)
+    if not replaced:
+        return 0
+    nodes = [m for node in model.graph.node for m in replaced.get(node.output[0], [node])]
+    used = {name for node in nodes for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name in merged_weights and i.name not in used]:
+        model.graph.initializer.remove(init)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return sum(1 for v in replaced.values() if not v)
+
+
 def _no_initializer_transposes(model, _pass) -> bool:
     inits = {i.name for i in model.graph.initializer}
     return not any(n.op_type == "Transpose" and n.input[0] in inits for n in model.graph.node)

@@ -239,6 +239,8 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
                 head: torch.nn.Module | None) -> PlannedGraph:
     kind = get_method(recipe.draft.method).graph
     quant = dataclasses.replace(base, quantize=recipe.draft.quantize)
+    if recipe.draft.quantize == "int4-gemm":  # the target's pipeline, on the draft graph
+        quant = dataclasses.replace(base, weight_quant=_draft_quant(recipe, kind), keys_at_positions=True)
     if kind == "target":
         if recipe.speculation.verify_head:  # the target graph gets the head; the draft needs its logits
             return PlannedGraph(capture("draft", target.model, ranges), quant, "draft")
@@ -285,6 +287,17 @@ def _target_quant(recipe: Recipe) -> QuantConfig | None:
         from .models.gguf_blocks import read_gguf_blocks
 
         config.imported = read_gguf_blocks(gguf, bits, tuple(spec.gguf_requantize))
+    return config
+
+
+def _draft_quant(recipe: Recipe, kind: str) -> QuantConfig:
+    """Int4Gemm settings for draft.quantize: int4-gemm, with a GGUF draft model's own Q4 blocks where they map exactly."""
+    config = QuantConfig(4, kind="int4-gemm")
+    gguf = gguf_source(recipe.draft.model) if kind == "model" else None
+    if gguf is not None:
+        from .models.gguf_blocks import read_gguf_blocks
+
+        config.imported = read_gguf_blocks(gguf, 4)
     return config
 
 

@@ -69,7 +69,9 @@ class DraftSpec:
     method: str = _f("model", "how draft tokens are proposed (specc/methods.py: what each can do)", choices=METHODS)
     model: str | None = _f(None, "draft model (method: model): catalog name, HF directory or .gguf file")
     quantize: str | None = _f(None, "weight quantisation of the draft graph (onnxruntime backend; a draft model or a "
-                                    "learned head)", choices=("int8", "int4"))
+                                    "learned head): int8, int4 (ONNX Runtime's kernels) or int4-gemm (specc's own, as "
+                                    "target.quantize: int4-gemm; a GGUF draft's Q4 blocks kept)",
+                             choices=("int8", "int4", "int4-gemm"))
     layer: int | None = _f(None, "method: early_exit — exit after this many target layers", lo=1, hi=1 << 16)
     adapter: str | None = _f(None, "method: early_exit — safetensors file from `specc train-exit-head`")
     head: str | None = _f(None, "method: medusa or eagle — head directory from `specc train-head`, or a published Medusa / "

@@ -217,13 +217,16 @@ def _dequantised_int4_gemm(w: np.ndarray) -> np.ndarray:
     return dequantize(quantize_rtn(w, 4, 32))
 
 
-def _int8_blocks(x: torch.Tensor) -> torch.Tensor:
-    """x as Int4Gemm sees it: int8 per row and block of 32 inputs, scale max|x| / 127 (kernels/csrc/q4gemm.h)."""
+def _int8_superblocks(x: torch.Tensor) -> torch.Tensor:
+    """x as Int4Gemm sees it: int8 per row and superblock of 256 inputs (the last may be shorter), scale max|x| / 127
+    (kernels/csrc/q4gemm.h)."""
     k = x.shape[-1]
-    blocks = torch.nn.functional.pad(x, (0, -k % 32)).unflatten(-1, (-1, 32))
-    amax = blocks.abs().amax(-1, keepdim=True)
-    q = torch.where(amax > 0, torch.round(blocks * (127 / amax)), torch.zeros_like(blocks)).clamp(-127, 127)
-    return (q * (amax / 127)).flatten(-2)[..., :k]
+    parts = []
+    for chunk in torch.split(torch.nn.functional.pad(x, (0, -k % 32)), 256, dim=-1):
+        amax = chunk.abs().amax(-1, keepdim=True)
+        q = torch.where(amax > 0, torch.round(chunk * (127 / amax)), torch.zeros_like(chunk)).clamp(-127, 127)
+        parts.append(q * (amax / 127))
+    return torch.cat(parts, -1)[..., :k]
 
 
 def _dequantised_int8_gemm(w: np.ndarray) -> np.ndarray:
@@ -243,7 +246,7 @@ def _dequantised_int8_gemm(w: np.ndarray) -> np.ndarray:
 SMALL_VOCAB_QUANT = {
     "int4": ({"quantize": "int4", "block_size": 16, "accuracy_level": 1}, _dequantised_int4, None, 1e-5, 1e-5),
     "int8-gemm": ({"quantize": "int8-gemm"}, _dequantised_int8_gemm, None, 2e-3, 2e-3),
-    "int4-gemm": ({"quantize": "int4-gemm"}, _dequantised_int4_gemm, _int8_blocks, 3e-2, 1e-5),
+    "int4-gemm": ({"quantize": "int4-gemm"}, _dequantised_int4_gemm, _int8_superblocks, 3e-2, 1e-5),
 }
 
 

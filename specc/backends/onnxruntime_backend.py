@@ -24,7 +24,7 @@ NBITS_FILE = "model.nbits.onnx"
 OPSET = 23  # Attention, RMSNormalization and RotaryEmbedding are single operators from opset 23
 
 
-def session_options():
+def session_options(own_kernels: bool = False):
     """Options of every ONNX Runtime session specc opens: all optimisations, a pool of the process's CPUs
     per session whose threads spin between operators during a run and stop spinning when it returns.
 
@@ -32,6 +32,10 @@ def session_options():
     would steal the cores from the other session; passive pools pay a thread wake-up for every
     operator. `session.force_spinning_stop` keeps the spinning inside runs.
     SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared with other busy processes).
+
+    own_kernels: the graph runs specc's Int4Gemm, which splits its work over threads of its own: a pool
+    spinning beside them would hold the cores they need (a 1-token pass of the Qwen 1.5B target took twice
+    as long), so that session's pool is passive and the kernel library is registered.
     """
     import onnxruntime as ort
 
@@ -40,9 +44,13 @@ def session_options():
     so.log_severity_level = 3
     so.intra_op_num_threads = usable_cores()
     so.inter_op_num_threads = 1
-    spin = os.environ.get("SPECC_ORT_SPIN", "1") != "0"
+    spin = os.environ.get("SPECC_ORT_SPIN", "1") != "0" and not own_kernels
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")
+    if own_kernels:
+        from ..kernels import register_with
+
+        register_with(so)  # specc's own library, installed with the package: the bundle brings no code
     return so
 
 
@@ -107,11 +115,7 @@ class OnnxRuntimeBackend:
 
         check_external_data(graph_dir / entry["entry"], entry["files"])
 
-        so = session_options()
-        if entry.get("weight_quant", {}).get("kind") == "int4-gemm":
-            from ..kernels import register_with
-
-            register_with(so)  # specc's own library, installed with the package: the bundle brings no code
+        so = session_options(own_kernels=entry.get("weight_quant", {}).get("kind") == "int4-gemm")
         session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
         names, kv, layers = abi_inputs(session.get_inputs())
         check_engine_matches(entry, names, [o.name for o in session.get_outputs()], kv,

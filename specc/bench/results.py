@@ -147,8 +147,35 @@ def caption(run: dict) -> str:
             f"{prompts}; {setting}. Reference: {run.get('reference') or 'not recorded'}.")
 
 
+def kernel_table(run: dict) -> str:
+    """A kernel run (scripts/bench_kernels.py): ms per call by pass rows, the cost of the 5-row pass over the 1-row
+    one, and MACs per second at the widest pass against the CPU's integer dot-product peak."""
+    rows = [str(m) for m in run["rows"]]
+    head = ["kernel", *[f"M={m}" for m in rows], "M=5 / M=1" if "5" in rows and "1" in rows else None,
+            f"GMAC/s at M={rows[-1]}", "of dot peak"]
+    head = [h for h in head if h is not None]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for s in run["systems"]:
+        ms = s["ms"]
+        cells = [s.get("label") or s["name"], *[_num(ms.get(m), 3) for m in rows]]
+        if "5" in rows and "1" in rows:
+            cells.append(_num(ms["5"] / ms["1"]))
+        share = s.get("share_of_dot_peak")
+        cells += [_num(s.get("gmac_per_second"), 0), f"{100 * share:.0f}%" if share is not None else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("| memory time of the int4 weights | " + " | ".join([_num(run["memory_ms"], 3)] + [""] * (len(head) - 2)) + " |")
+    peaks = ", ".join(f"{isa} {v:.0f}" for isa, v in run.get("dot_peak_gmac_per_second", {}).items())
+    note = (f"*Run `{run['run']}` (measured by `{run.get('measured_by')}`): {run.get('date')}, {machine_text(run)}; "
+            f"{run['title']}, {run.get('threads')} threads, median ms per call; "
+            f"int4 weights {run['int4_weight_bytes'] / 1e6:.2f} MB, "
+            f"copy bandwidth {run['copy_gb_per_second']:.1f} GB/s; integer dot peak (GMAC/s): {peaks}.*")
+    return "\n".join([note, ""] + lines)
+
+
 def table(run: dict) -> str:
     """The run's systems as a Markdown table, under a one-line caption naming its date and machine."""
+    if run.get("kind") == "kernels":
+        return kernel_table(run)
     systems = run["systems"]
     ref = run.get("reference") or "reference"
     cols = [("system", lambda s: s.get("label") or s["name"], "---"),

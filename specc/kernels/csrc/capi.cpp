@@ -38,4 +38,9 @@ int specc_int4_gemm(int isa, const float* x, long long m, const unsigned char* w
   return 0;
 }
 
+// MACs done by `iterations` rounds of the ISA's integer dot instructions on one thread (its peak, timed by Python).
+long long specc_dot_peak(int isa, long long iterations) {
+  return specc_isa_supported(isa) ? specc::dot_peak(static_cast<Isa>(isa), iterations) : -1;
+}
+
 }  // extern "C"

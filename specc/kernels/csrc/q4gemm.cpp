@@ -68,12 +68,12 @@ struct Scratch {
 
 void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads) {
   thread_local Scratch s;
-  const int64_t nb = l.blocks();
+  const int64_t nb = l.blocks(), supers = l.supers();
   s.q.resize(m * nb * kBlock);
-  s.d.resize(m * nb);
-  s.dsum.resize(m * nb * kLanes);
-  quantize_rows(x, m, l.k, nb, s.q.data(), s.d.data(), s.dsum.data());
-  const QuantizedRows a{s.q.data(), s.d.data(), s.dsum.data(), nb};
+  s.d.resize(m * supers);
+  s.dsum.resize(m * nb);
+  quantize_rows(x, 0, m, l.k, nb, s.q.data(), s.d.data(), s.dsum.data());
+  const QuantizedRows a{s.q.data(), s.d.data(), s.dsum.data(), nb, supers};
   const TileKernel kernel = kernel_for(isa);
   const int64_t tiles = l.tiles();
   const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));

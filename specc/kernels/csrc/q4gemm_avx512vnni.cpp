@@ -4,6 +4,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "q4gemm.h"
@@ -15,9 +16,12 @@ namespace specc {
 
 namespace {
 
+constexpr int64_t kPrefetchTiles = 4;  // tiles ahead: a thread streams its columns' tiles in order
+
 #include "q4gemm_avx2.inc"
 
-// Rows [m, m + MR) of one tile, all four column pairs.
+// Rows [m, m + MR) of one tile, all four column pairs: superblock partial sums in registers, lanes in memory. Two
+// rows at a time keep every operand in registers (more spill, and cost more than unpacking the weights again).
 template <int MR>
 inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, const TileScales& sc, const Q4Layout& l,
                       float* y, int64_t ldy, int64_t n0) {
@@ -27,39 +31,50 @@ inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, co
   __m512i pick[kTile / 2];
   for (int p = 0; p < kTile / 2; ++p)
     pick[p] = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
-  __m512 acc[MR][kTile / 2];
-  for (int r = 0; r < MR; ++r)
-    for (int p = 0; p < kTile / 2; ++p) acc[r][p] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* tb = tile + b * tbb;
-    const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.scale.data() + b * kTile));
-    const __m512 o8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.offset.data() + b * kTile));
-    __m512i w[kTile / 2];
-    __m512 dw[kTile / 2], of[kTile / 2];
-    for (int p = 0; p < kTile / 2; ++p) {
-      const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + p * kBlock)));
-      w[p] = _mm512_and_si512(_mm512_srlv_epi16(packed, shifts), low);
-      dw[p] = _mm512_permutexvar_ps(pick[p], s8);
-      of[p] = _mm512_permutexvar_ps(pick[p], o8);
-    }
-    for (int r = 0; r < MR; ++r) {
-      const int64_t row = (m + r) * nb + b;
-      const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + row * kBlock)));
-      const __m512 dx = _mm512_set1_ps(a.d[row]);
-      const __m512 ds = _mm512_broadcast_f32x8(_mm256_loadu_ps(a.dsum + row * kLanes));
+  alignas(64) float lanes[MR][kTile / 2][16] = {};
+  __m256 offsets[MR];
+  for (int r = 0; r < MR; ++r) offsets[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < a.supers; ++s) {
+    __m512 part[MR][kTile / 2];
+    for (int r = 0; r < MR; ++r)
+      for (int p = 0; p < kTile / 2; ++p) part[r][p] = _mm512_setzero_ps();
+    const int64_t end = std::min<int64_t>(nb, (s + 1) * kSuper);
+    for (int64_t b = s * kSuper; b < end; ++b) {
+      const uint8_t* tb = tile + b * tbb;
+      const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.scale.data() + b * kTile));
+      const __m256 o8 = _mm256_loadu_ps(sc.offset.data() + b * kTile);
+      __m512i w[kTile / 2];
+      __m512 dw[kTile / 2];
       for (int p = 0; p < kTile / 2; ++p) {
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], x));
-        acc[r][p] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw[p], dx), acc[r][p]);
-        acc[r][p] = _mm512_fmadd_ps(of[p], ds, acc[r][p]);
+        const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + p * kBlock)));
+        w[p] = _mm512_and_si512(_mm512_srlv_epi16(packed, shifts), low);
+        dw[p] = _mm512_permutexvar_ps(pick[p], s8);
+      }
+      for (int r = 0; r < MR; ++r) {
+        const int64_t row = (m + r) * nb + b;
+        const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + row * kBlock)));
+        for (int p = 0; p < kTile / 2; ++p)
+          part[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], x)),
+                                       dw[p], part[r][p]);
+        offsets[r] = _mm256_fmadd_ps(o8, _mm256_broadcast_ss(a.dsum + row), offsets[r]);
       }
     }
+    for (int r = 0; r < MR; ++r) {
+      const __m512 d = _mm512_set1_ps(a.d[(m + r) * a.supers + s]);
+      for (int p = 0; p < kTile / 2; ++p)
+        _mm512_store_ps(lanes[r][p], _mm512_fmadd_ps(part[r][p], d, _mm512_load_ps(lanes[r][p])));
+    }
   }
-  for (int r = 0; r < MR; ++r)
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float o[kTile];
+    _mm256_store_ps(o, offsets[r]);
     for (int p = 0; p < kTile / 2; ++p) {
       const int64_t n = n0 + 2 * p;
-      if (n < l.n) y[(m + r) * ldy + n] = hsum8(_mm512_castps512_ps256(acc[r][p]));
-      if (n + 1 < l.n) y[(m + r) * ldy + n + 1] = hsum8(_mm512_extractf32x8_ps(acc[r][p], 1));
+      const __m512 v = _mm512_load_ps(lanes[r][p]);
+      if (n < l.n) y[(m + r) * ldy + n] = hsum8(_mm512_castps512_ps256(v)) + o[2 * p];
+      if (n + 1 < l.n) y[(m + r) * ldy + n + 1] = hsum8(_mm512_extractf32x8_ps(v, 1)) + o[2 * p + 1];
     }
+  }
 }
 
 }  // namespace
@@ -67,13 +82,15 @@ inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, co
 void gemm_tiles_avx512vnni(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l,
                            int64_t t0, int64_t t1, float* y, int64_t ldy) {
   TileScales sc(l.blocks());
+  const int64_t tile_bytes = l.tile_bytes();
   for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* tile = w + t * l.tile_bytes();
+    const uint8_t* tile = w + t * tile_bytes;
+    if (t + kPrefetchTiles < t1)
+      for (int64_t off = 0; off < tile_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchTiles * tile_bytes + off), _MM_HINT_T0);
     sc.load(tile, l);
     int64_t m = m0;
-    for (; m + 4 <= m1; m += 4) tile_rows<4>(a, m, tile, sc, l, y, ldy, t * kTile);
     for (; m + 2 <= m1; m += 2) tile_rows<2>(a, m, tile, sc, l, y, ldy, t * kTile);
-    for (; m < m1; ++m) tile_rows<1>(a, m, tile, sc, l, y, ldy, t * kTile);
+    if (m < m1) tile_rows<1>(a, m, tile, sc, l, y, ldy, t * kTile);
   }
 }
 

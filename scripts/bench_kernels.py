@@ -1,0 +1,182 @@
+"""One linear layer on each CPU kernel specc can use: ms per call for passes of M rows, beside the memory time of
+its 4-bit weights and the integer dot-product peak of this CPU.
+
+    python scripts/bench_kernels.py [--n 8960] [--k 1536] [--rows 1 2 4 5 8 16] [--weights cache|memory]
+                                    [--repeats 30] [--json out.json]
+
+Systems: ONNX Runtime's MatMulNBits (int4 blocks of 32, accuracy level 4: target.quantize int4), ONNX Runtime's
+integer GEMM as specc's int8-gemm pass emits it, specc's Int4Gemm inside ONNX Runtime (the kernel chosen here:
+target.quantize int4-gemm), and each of specc's kernels this CPU runs, called directly. Every ONNX Runtime session
+is set up as the runtime's (all usable CPUs). --weights cache times one weight over and over (it stays in the
+caches, as the kernel table of issue-style comparisons does); --weights memory rotates through copies of the
+weight adding up to 128 MB, so every call reads its weights from DRAM, as decoding does.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+from specc import kernels
+from specc.backends.onnxruntime_backend import session_options
+from specc.bench.bandwidth import copy_bandwidth
+from specc.block_weights import quantize_rtn
+from specc.hardware import cpu, usable_cores
+from specc.kernels.pack import pack_int4
+from specc.onnx_passes.linear_layers import QuantConfig
+from specc.onnx_passes.quantize_int8_gemm import QuantizeInt8Gemm
+from specc.onnx_passes.quantize_matmul_nbits import QuantizeMatMulNBits
+
+ROTATION_BYTES = 128 << 20
+
+
+def _linear_graph(w: np.ndarray):
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k = w.shape
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'layers.0.mlp.up_proj', 'linear']")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", n])],
+                              [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _int4gemm_graph(w: np.ndarray):
+    from onnx import TensorProto, helper, numpy_helper
+
+    packed = pack_int4(quantize_rtn(w, 4, 32, True))
+    node = helper.make_node(kernels.OP, ["x", "W"], ["y"], domain=kernels.DOMAIN, N=packed.n, K=packed.k, offsets=0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", packed.k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", packed.n])],
+                              [numpy_helper.from_array(packed.data, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
+
+
+def _session(model, custom: bool = False):
+    import onnxruntime as ort
+
+    so = session_options(own_kernels=custom)
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"x": x[None]})
+
+
+def ort_systems(w: np.ndarray) -> dict:
+    """name -> a builder of a callable(x [M, K]) for each ONNX Runtime system, on weight w."""
+    def nbits():
+        model = _linear_graph(w)
+        QuantizeMatMulNBits(QuantConfig(4, 32, 4))(model)
+        return _session(model)
+
+    def int8_gemm():
+        model = _linear_graph(w)
+        QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm"))(model)
+        return _session(model)
+
+    return {"ONNX Runtime MatMulNBits int4, accuracy 4": nbits, "ONNX Runtime int8-gemm (MatMulInteger)": int8_gemm,
+            f"specc Int4Gemm in ONNX Runtime ({kernels.active_isa()})": lambda: _session(_int4gemm_graph(w), True)}
+
+
+def direct_systems(w: np.ndarray, threads: int) -> dict:
+    """name -> a builder of a callable(x [M, K]) for each of specc's kernels this CPU runs, called directly; each
+    callable has its own copy of the packed weight."""
+    packed = pack_int4(quantize_rtn(w, 4, 32, True))
+
+    def build(isa: str):
+        own = dataclasses.replace(packed, data=packed.data.copy())
+        return lambda x: kernels.gemm(x, own, isa, threads)
+
+    return {f"specc int4 {isa}, direct": (lambda isa=isa: build(isa)) for isa in kernels.supported_isas() if isa != "scalar"}
+
+
+def time_system(builder, copies: int, k: int, rows: list[int], repeats: int) -> dict:
+    calls = [builder() for _ in range(copies)]
+    rng = np.random.default_rng(0)
+    out = {}
+    for m in rows:
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        for c in calls:
+            c(x)
+        samples = []
+        for i in range(repeats * copies):
+            start = time.perf_counter()
+            calls[i % copies](x)
+            samples.append(time.perf_counter() - start)
+        out[str(m)] = statistics.median(samples) * 1e3
+    return out
+
+
+def dot_peak(isa: str, threads: int, iterations: int = 20_000_000) -> float:
+    """GMAC/s of the ISA's integer dot instructions on `threads` threads, registers only."""
+    lib = kernels.library()
+    lib.specc_dot_peak.restype = ctypes.c_longlong
+    lib.specc_dot_peak.argtypes = [ctypes.c_int, ctypes.c_longlong]
+    index = kernels.ISAS.index(isa)
+    done = [0] * threads
+
+    def work(i):
+        done[i] = lib.specc_dot_peak(index, iterations)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return sum(done) / (time.perf_counter() - start) / 1e9
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=8960, help="output size (default: Qwen2.5-1.5B's gate/up projection)")
+    ap.add_argument("--k", type=int, default=1536, help="input size")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 8, 16])
+    ap.add_argument("--weights", choices=("cache", "memory"), default="cache")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    threads = usable_cores()
+    w = np.random.default_rng(1).normal(size=(args.n, args.k)).astype(np.float32) * 0.02
+    int4_bytes = quantize_rtn(w, 4, 32).nbytes()
+    copies = 1 if args.weights == "cache" else max(2, -(-ROTATION_BYTES // int4_bytes))
+    gbps = copy_bandwidth()
+    memory_ms = int4_bytes / (gbps * 1e9) * 1e3
+    systems = {}
+    builders = {**ort_systems(w), **direct_systems(w, threads)}
+    for name, builder in builders.items():
+        print(f"timing {name} ...", file=sys.stderr)
+        ms = time_system(builder, copies, args.k, args.rows, args.repeats)
+        macs = args.n * args.k * max(args.rows)
+        systems[name] = {"ms": ms, "gmac_per_second": macs / (ms[str(max(args.rows))] * 1e-3) / 1e9}
+    peaks = {isa: dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
+    for name, s in systems.items():
+        isa = next((i for i in peaks if name.endswith(f"{i}, direct") or name.endswith(f"({i})")), None)
+        if isa is not None:
+            s["share_of_dot_peak"] = s["gmac_per_second"] / peaks[isa]
+    result = {"kind": "kernels", "title": f"one linear layer, N={args.n} K={args.k}, weights in {args.weights}",
+              "date": datetime.date.today().isoformat(), "machine": cpu(), "threads": threads,
+              "command": "python scripts/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "measured_by": "scripts/bench_kernels.py", "provenance": "measured", "n": args.n, "k": args.k,
+              "weights": args.weights, "rows": args.rows, "int4_weight_bytes": int4_bytes,
+              "copy_gb_per_second": gbps, "memory_ms": memory_ms, "dot_peak_gmac_per_second": peaks,
+              "systems": systems}
+    from specc.bench.results import kernel_table
+
+    print(kernel_table({**result, "run": "this run", "systems": [{**s, "name": k} for k, s in systems.items()]}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,9 +24,11 @@ from ..prompts import warmup_items
 SPECC_TARGET_ONLY = "specc target-only"
 
 
-def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
+def read_prompts(path: Path, default_chat: bool = False, per_kind: int | None = None) -> list[dict]:
     """JSON lines ({"prompt": str, "chat": bool?, "kind": str?}) or plain text, one prompt per line
-    (in plain lines the escapes \\n, \\t and \\\\ stand for a newline, a tab and a backslash)."""
+    (in plain lines the escapes \\n, \\t and \\\\ stand for a newline, a tab and a backslash). Lines in
+    Spec-Bench's and MT-Bench's question format ({"category": str, "turns": [str, ...]}) are chat prompts of their
+    first turn, of kind `category`. per_kind: keep the first N prompts of each kind (a sample per category)."""
     path = Path(path)
     if not path.is_file():
         raise SpeccError(f"prompts file {path} {'is a directory' if path.is_dir() else 'does not exist'}; allowed "
@@ -46,8 +48,11 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
                 obj = json.loads(line)
             except (json.JSONDecodeError, RecursionError) as exc:
                 raise SpeccError(f"{path}:{n}: not valid JSON ({str(exc)[:120]})") from None
+            if isinstance(obj, dict) and "turns" in obj and "prompt" not in obj:
+                items.append(_question(obj, path, n))
+                continue
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-                raise SpeccError(f"{path}:{n}: needs a non-empty string field \"prompt\"")
+                raise SpeccError(f"{path}:{n}: needs a non-empty string field \"prompt\" (or Spec-Bench's \"turns\")")
             chat, kind = obj.get("chat", default_chat), obj.get("kind", "")
             if not isinstance(chat, bool):
                 raise SpeccError(f"{path}:{n}: field \"chat\" must be true or false, got {chat!r}")
@@ -58,7 +63,24 @@ def read_prompts(path: Path, default_chat: bool = False) -> list[dict]:
             items.append({"prompt": _unescape(line), "chat": default_chat, "kind": ""})
     if not items:
         raise SpeccError(f"prompts file {path} holds no prompts")
+    if per_kind is not None:
+        kept, seen = [], {}
+        for it in items:
+            seen[it["kind"]] = seen.get(it["kind"], 0) + 1
+            if seen[it["kind"]] <= per_kind:
+                kept.append(it)
+        items = kept
     return items
+
+
+def _question(obj: dict, path: Path, n: int) -> dict:
+    """A Spec-Bench / MT-Bench question line as a prompt: its first turn, through the chat template."""
+    turns, category = obj.get("turns"), obj.get("category", "")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0]:
+        raise SpeccError(f"{path}:{n}: field \"turns\" must be a list starting with a non-empty string")
+    if not isinstance(category, str):
+        raise SpeccError(f"{path}:{n}: field \"category\" must be a string, got {category!r}")
+    return {"prompt": turns[0], "chat": True, "kind": category}
 
 
 def _unescape(line: str) -> str:

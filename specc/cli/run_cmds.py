@@ -29,7 +29,7 @@ def read_prompts(args: argparse.Namespace, required: bool = True) -> list[dict]:
 
     prompts = [{"prompt": p, "chat": args.chat, "kind": ""} for p in (args.prompt or [])]
     if args.prompts:
-        prompts += read_file(args.prompts, default_chat=args.chat)
+        prompts += read_file(args.prompts, default_chat=args.chat, per_kind=getattr(args, "per_kind", None))
     if required and not prompts:
         raise SpeccError("give at least one --prompt TEXT or --prompts FILE")
     return prompts
@@ -147,6 +147,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpeccError(f"--expect-id pins one bundle; bench was given {len(args.bundle)}")
     check_run_inputs(args)
     check_bench_settings(args.repeats, args.max_batch, args.stop_below or [], args.compare)
+    if args.per_kind is not None and args.per_kind < 1:
+        raise SpeccError(f"--per-kind must be at least 1, got {args.per_kind}")
     if args.compare == "llamacpp":
         checks.llamacpp_installed("--compare llamacpp")
     checks.input_file(args.llamacpp_target, "--llamacpp-target")
@@ -287,6 +289,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="measure each chain of a draft model or EAGLE head at this draft.stop_below instead of the "
                         "recipe's: a row's chain ends after a draft below probability P (repeatable; 0: never)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
+    p.add_argument("--per-kind", type=int, metavar="N", help="the first N prompts of each kind (a Spec-Bench category, "
+                   "code, chat) of --prompts FILE: a sample per category (default: every prompt)")
     batch = p.add_argument("--max-batch", type=int, default=1, help="prompts per generate call (rows per round)")
     deprecated_alias(p, "--batch-size", batch)
     p.add_argument("--compare", choices=["hf", "llamacpp"], help="hf: also run Hugging Face transformers on the same weights: "

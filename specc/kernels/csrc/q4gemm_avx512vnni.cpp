@@ -16,8 +16,6 @@ namespace specc {
 
 namespace {
 
-constexpr int64_t kPrefetchTiles = 4;  // tiles ahead: a thread streams its columns' tiles in order
-
 #include "q4gemm_avx2.inc"
 
 // Rows [m, m + MR) of one tile, column pairs [p0, p0 + NP): superblock partial sums in registers, lanes in memory.
@@ -103,7 +101,8 @@ void gemm_tiles_avx512vnni(const QuantizedRows& a, int64_t m0, int64_t m1, const
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = w + t * tile_bytes;
     if (t + kPrefetchTiles < t1)
-      for (int64_t off = 0; off < tile_bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchTiles * tile_bytes + off), _MM_HINT_T0);
+      for (int64_t off = 0; off < tile_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchTiles * tile_bytes + off), _MM_HINT_T0);
     sc.load(tile, l);
     int64_t m = m0;
     for (; m + 4 <= m1; m += 4) tile_rows<4>(a, m, tile, sc, l, y, ldy, t * kTile);

@@ -16,6 +16,7 @@ APPLICATIONS = ("specc.serving", "specc.bench", "specc.triton", "specc.training"
 LAYERS: list[tuple[str, ...]] = [
     ("specc.version", "specc.errors", "specc.limits", "specc.digest", "specc.progress", "specc.block_weights",
      "specc.prompts"),
+    ("specc.kernels",),  # specc's own CPU kernels, which the ONNX passes emit and the ONNX Runtime backend registers
     ("specc.speculation",),
     ("specc.methods", "specc.recipe", "specc.recipe_edit"),
     ("specc.models", "specc.capture", "specc.heads"),

@@ -119,9 +119,12 @@ def _fact_lines(key: str, g: dict) -> list[str]:
     if key == "weight_quant":
         q = g["weight_quant"]
         merged = f", {q['merged_layers']} layers merged into one GEMM with another" if q.get("merged_layers") else ""
-        kernel = {"int8-gemm": f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts{merged}",
-                  "int4-gemm": f"int4 blocks of {q.get('block_size')}, {q['kernel']}{merged}"}.get(
-            q.get("kind"), f"int{q['bits']} MatMulNBits, block {q.get('block_size')}, accuracy level {q.get('accuracy_level')}")
+        if q.get("kind") == "int8-gemm":
+            kernel = f"int8 per output channel, {q['kernel']}, activations per row in two int8 parts{merged}"
+        elif q.get("kind") == "int4-gemm":
+            kernel = f"int4 blocks of {q['block_size']}, {q['kernel']}{merged}"
+        else:
+            kernel = f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}"
         return [f"  weights   {kernel}, "
                 f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, {_attention_form(q)}, rows independent of pass size "
                 f"(where compiled): {_pass_rows(q)}"

@@ -14,13 +14,11 @@ weight adding up to 128 MB, so every call reads its weights from DRAM, as decodi
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import datetime
 import json
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
@@ -114,26 +112,6 @@ def time_system(builder, copies: int, k: int, rows: list[int], repeats: int) -> 
     return out
 
 
-def dot_peak(isa: str, threads: int, iterations: int = 20_000_000) -> float:
-    """GMAC/s of the ISA's integer dot instructions on `threads` threads, registers only."""
-    lib = kernels.library()
-    lib.specc_dot_peak.restype = ctypes.c_longlong
-    lib.specc_dot_peak.argtypes = [ctypes.c_int, ctypes.c_longlong]
-    index = kernels.ISAS.index(isa)
-    done = [0] * threads
-
-    def work(i):
-        done[i] = lib.specc_dot_peak(index, iterations)
-
-    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    start = time.perf_counter()
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    return sum(done) / (time.perf_counter() - start) / 1e9
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8960, help="output size (default: Qwen2.5-1.5B's gate/up projection)")
@@ -156,7 +134,7 @@ def main(argv=None) -> int:
         ms = time_system(builder, copies, args.k, args.rows, args.repeats)
         macs = args.n * args.k * max(args.rows)
         systems[name] = {"ms": ms, "gmac_per_second": macs / (ms[str(max(args.rows))] * 1e-3) / 1e9}
-    peaks = {isa: dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
+    peaks = {isa: kernels.dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
     for name, s in systems.items():
         isa = next((i for i in peaks if name.endswith(f"{i}, direct") or name.endswith(f"({i})")), None)
         if isa is not None:

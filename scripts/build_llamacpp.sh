@@ -5,9 +5,11 @@
 #
 #   scripts/build_llamacpp.sh [VERSION]        (default: the newest llama-cpp-python)
 #
-# Prints the directory holding the binaries (~/.cache/specc/llama.cpp/VERSION/bin). Needs cmake and a C++ compiler;
-# several minutes on 2 cores. `specc bench --compare llamacpp` uses the Python binding instead: install the
-# `llamacpp-native` extra (pip install -e '.[llamacpp-native]') for a build of the same kind.
+# Prints the directory holding the binaries and llama.cpp's shared libraries (~/.cache/specc/llama.cpp/VERSION/bin).
+# Needs cmake and a C++ compiler; several minutes on 2 cores. `specc bench --compare llamacpp` drives llama.cpp
+# through llama-cpp-python; to give it this build rather than a second one:
+#   CMAKE_ARGS=-DLLAMA_BUILD=OFF pip install llama-cpp-python==VERSION
+#   LD_LIBRARY_PATH=DIR LLAMA_CPP_LIB_PATH=DIR specc bench ... --compare llamacpp
 set -euo pipefail
 version="${1:-}"
 python="${PYTHON:-python3}"

@@ -26,6 +26,28 @@ def copy_bandwidth(threads: int | None = None, megabytes: int = 256, repeats: in
     return 2 * src.numel() * 4 / best / 1e9
 
 
+def linear_macs_per_row(bundle) -> int | None:
+    """Multiply-adds of the target graph's linear layers for one row of a pass (sum of N x K over its MatMuls of
+    a constant weight, quantised or not), read from the graph; None for graphs that are not ONNX."""
+    entry = bundle.graph("target")
+    path = bundle.path / entry.dir / entry.entry
+    if path.suffix != ".onnx":
+        return None
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    dims = {i.name: list(i.dims) for i in model.graph.initializer}
+    macs = 0
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type in ("Int4Gemm", "MatMulNBits"):
+            macs += int(attrs["N"]) * int(attrs["K"])
+        elif node.op_type in ("MatMul", "MatMulInteger") and len(dims.get(node.input[1], [])) == 2:
+            macs += int(dims[node.input[1]][0]) * int(dims[node.input[1]][1])
+    return macs
+
+
 def specc_weight_bytes(bundle) -> int:
     """Bytes of weights a target pass reads: the MatMulNBits summary when quantised, else the graph's files
     (float32 weights dominate them; the embedding table, of which a pass reads a few rows, is included)."""

@@ -308,4 +308,29 @@ def annotate(results: dict, models: list, opts: dict) -> None:
         lines.append(f"  {name}: {per_pass / 1e6:.0f} MB/pass x {passes:.2f} passes/s = {r['weight_gb_per_second']:.2f} GB/s "
                      f"({100 * r['weight_gb_per_second'] / gbps:.0f}% of the copy bandwidth)")
     results["bandwidth"] = {"copy_gb_per_second": gbps, "weight_bytes_per_pass": weights}
-    results["bandwidth_lines"] = lines
+    results["bandwidth_lines"] = lines + compute_lines(results, models, opts.get("threads"))
+
+
+def compute_lines(results: dict, models: list, threads: int | None) -> list[str]:
+    """Each specc system's multiply-adds per second in its target passes (rows verified x the linear layers'
+    MACs per row / target seconds) against the integer dot-product peak of specc's kernels here."""
+    from .. import kernels
+    from .bandwidth import linear_macs_per_row
+
+    if not kernels.available():
+        return []
+    isa, threads = kernels.active_isa(), threads or usable_cores()
+    peak = kernels.dot_peak(isa, threads)
+    macs = {str(m.bundle.path): linear_macs_per_row(m.bundle) for m in models}
+    lines = [f"integer dot-product peak ({isa}, {threads} threads): {peak:.0f} GMAC/s"]
+    for name, r in results["systems"].items():
+        per_row = macs.get(r["settings"].get("bundle")) if r["family"] == "specc" else None
+        if not per_row or not r.get("target_seconds"):
+            continue
+        # a speculative round verifies its drafts and one more row; target-only, every token after the first (prefill)
+        rows = r["rounds"] + r["drafted"] if r["speculative"] else r["new_tokens"] - r["requests"]
+        r["target_gmac_per_second"] = per_row * rows / r["target_seconds"] / 1e9
+        lines.append(f"  {name}: {per_row / 1e9:.2f} GMAC/row x {rows / r['target_seconds']:.1f} rows/s in target passes = "
+                     f"{r['target_gmac_per_second']:.0f} GMAC/s ({100 * r['target_gmac_per_second'] / peak:.0f}% of the peak)")
+    results["compute"] = {"isa": isa, "threads": threads, "dot_peak_gmac_per_second": peak}
+    return lines

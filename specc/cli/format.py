@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 
 from ..bench.table import fmt, table
-from ..errors import escape_control
+from ..errors import SpeccError, escape_control
 from ..limits import context_cost, kv_bytes_per_token
 
 
@@ -151,6 +151,17 @@ def _version(module: str) -> str | None:
         return None
 
 
+def _kernels_line() -> str:
+    """doctor's line on specc's own int4 kernels (target.quantize: int4-gemm)."""
+    from .. import kernels
+
+    try:
+        return (f"specc kernels (int4-gemm): {kernels.active_isa()} runs here; this CPU has "
+                f"{', '.join(kernels.supported_isas())}")
+    except SpeccError as exc:
+        return f"specc kernels (int4-gemm): unavailable: {exc}"
+
+
 def doctor_report() -> str:
     import torch
 
@@ -158,7 +169,7 @@ def doctor_report() -> str:
     from ..hardware import cpu, describe
 
     lines = [f"python {platform.python_version()} on {platform.machine()}, torch {torch.__version__}",
-             *describe(cpu())]
+             *describe(cpu()), _kernels_line()]
     cuda = torch.cuda.is_available()
     lines.append("cuda: " + (torch.cuda.get_device_name(0) + ' (sm_%d%d)' % torch.cuda.get_device_capability(0)
                              if cuda else 'no CUDA device'))

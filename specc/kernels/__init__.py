@@ -83,6 +83,30 @@ def active_isa() -> str:
     return wanted if wanted in supported_isas() else best_isa()
 
 
+def dot_peak(isa: str | None = None, threads: int = 1, iterations: int = 20_000_000) -> float:
+    """GMAC/s of one ISA's integer dot instructions (the kernels' own: vpdpbusd, or vpmaddubsw + vpmaddwd) on
+    `threads` threads, registers only: the compute roof a verify pass is measured against."""
+    import threading
+    import time
+
+    lib = library()
+    lib.specc_dot_peak.restype = ctypes.c_longlong
+    lib.specc_dot_peak.argtypes = [ctypes.c_int, ctypes.c_longlong]
+    index = ISAS.index(isa or best_isa())
+    done = [0] * threads
+
+    def work(i: int) -> None:
+        done[i] = lib.specc_dot_peak(index, iterations)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return sum(done) / (time.perf_counter() - start) / 1e9
+
+
 def register_with(session_options) -> None:
     """Make Int4Gemm available to sessions built with these onnxruntime.SessionOptions."""
     library()
@@ -106,5 +130,5 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     return y
 
 
-__all__ = ["DOMAIN", "ISAS", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "gemm",
+__all__ = ["DOMAIN", "ISAS", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "dot_peak", "gemm",
            "library", "library_path", "pack_int4", "register_with", "supported_isas"]

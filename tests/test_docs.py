@@ -258,3 +258,17 @@ def test_recipe_reference_is_what_the_schema_generates():
     for line in describe_schema():
         path = line.strip().split(" ")[0].rstrip(":")
         assert f"`{path}`" in reference, f"{path} missing from the reference"
+
+
+def test_kinds_view_reports_each_category_against_the_reference():
+    """`results:RUN kinds`: tok/s of every system per prompt kind, with its ratio to the reference on that kind."""
+    run = results.load(ROOT / "docs" / "results" / "2026-12-07-qwen-int4gemm-llamacpp-zen5.json")
+    text = results.render_region("2026-12-07-qwen-int4gemm-llamacpp-zen5 kinds", {run["run"]: run})
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert {"code", "chat", "all"} <= set(rows)
+    ref = next(s for s in run["systems"] if s["name"] == run["reference"])
+    other = next(s for s in run["systems"] if s["name"] != run["reference"])
+    ratio = other["tokens_per_second_by_kind"]["code"] / ref["tokens_per_second_by_kind"]["code"]
+    assert f"({ratio:.2f}x)" in rows["code"]
+    with pytest.raises(results.SpeccError, match="a table shows one run"):
+        results.render_region(f"{run['run']},{run['run']} kinds", {run["run"]: run})

@@ -34,8 +34,8 @@ def session_options(own_kernels: bool = False):
     SPECC_ORT_SPIN=0 makes the pools passive (for a machine shared with other busy processes).
 
     own_kernels: the graph runs specc's Int4Gemm, which splits its work over threads of its own: a pool
-    spinning beside them would hold the cores they need (a 1-token pass of the Qwen 1.5B target took twice
-    as long), so that session's pool is passive and the kernel library is registered.
+    spinning beside them would hold the cores they need, so that session's pool is passive and the kernel
+    library is registered.
     """
     import onnxruntime as ort
 

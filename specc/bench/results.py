@@ -11,6 +11,7 @@ Markdown files cite runs through marked regions, which `specc report --write` fi
 `specc report --check` compares:
 
     <!-- results:RUN -->...<!-- /results -->                    the run's table with its caption
+    <!-- results:RUN kinds -->...<!-- /results -->              tok/s by prompt kind (a Spec-Bench category), each system
     <!-- results:RUN ratio SYSTEM -->1.34x<!-- /results -->      SYSTEM's speed-up over the reference
     <!-- results:RUN ratio A vs B -->1.32x<!-- /results -->      A's tok/s over B's
     <!-- results:RUN tok/s SYSTEM -->42.62<!-- /results -->
@@ -32,7 +33,7 @@ from pathlib import Path
 from ..errors import SpeccError
 
 REGION = re.compile(r"<!-- results:(?P<spec>[^>]*?) -->(?P<body>.*?)<!-- /results -->", re.DOTALL)
-VIEWS = ("table", "ratio", "tok/s", "equal", "machine", "date")
+VIEWS = ("table", "kinds", "ratio", "tok/s", "equal", "machine", "date")
 GENERATED = re.compile(r"<!-- generated:(?P<spec>[\w-]+) -->(?P<body>.*?)<!-- /generated -->", re.DOTALL)
 FIELD = re.compile(r"^\s*(?P<path>[\w.]+)(?: \((?P<default>[^)]*)\))?(?P<allowed>(?: \[[^\]]*\])*): (?P<help>.*)$")
 
@@ -201,6 +202,32 @@ def table(run: dict) -> str:
     return "\n".join([f"*{caption(run)}*", ""] + lines)
 
 
+def kinds_table(run: dict) -> str:
+    """Tokens/s of every system on each kind of prompt (Spec-Bench's categories, code, chat), and its ratio to the
+    reference on that kind, as Spec-Bench's leaderboard reports."""
+    systems = [s for s in run["systems"] if s.get("tokens_per_second_by_kind")]
+    if not systems:
+        raise SpeccError(f"results {run['run']!r} records no tokens/s by prompt kind")
+    ref = next((s for s in systems if s["name"] == run.get("reference")), systems[0])
+    kinds = list(ref["tokens_per_second_by_kind"])
+    head = ["kind", *[s.get("label") or s["name"] for s in systems]]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(systems)]
+
+    def cell(s: dict, kind: str | None) -> str:
+        got = s["tokens_per_second"] if kind is None else s["tokens_per_second_by_kind"].get(kind)
+        base = ref["tokens_per_second"] if kind is None else ref["tokens_per_second_by_kind"].get(kind)
+        if got is None:
+            return "-"
+        return f"{got:.2f}" + ("" if s is ref or not base else f" ({got / base:.2f}x)")
+
+    for kind in kinds:
+        lines.append("| " + " | ".join([kind, *[cell(s, kind) for s in systems]]) + " |")
+    lines.append("| all | " + " | ".join(cell(s, None) for s in systems) + " |")
+    note = (f"*Run `{run['run']}`: tokens/s by prompt kind ({run.get('prompts')} prompts), "
+            f"in brackets the ratio to {ref.get('label') or ref['name']} on the same prompts.*")
+    return "\n".join([note, ""] + lines)
+
+
 def _safe_ratio(run: dict, s: dict):
     try:
         return _ratio(run, s["id"])
@@ -220,10 +247,10 @@ def render_region(spec: str, runs: dict[str, dict]) -> str:
         if name not in runs:
             raise SpeccError(f"region 'results:{spec}' names run {name!r}, which is not among the results files given")
         selected.append(runs[name])
-    if view == "table":
+    if view in ("table", "kinds"):
         if len(selected) != 1:
             raise SpeccError(f"region 'results:{spec}': a table shows one run")
-        return "\n" + table(selected[0]) + "\n"
+        return "\n" + (table if view == "table" else kinds_table)(selected[0]) + "\n"
     if view in ("ratio", "tok/s") and not args:
         raise SpeccError(f"region 'results:{spec}': '{view}' needs a system id")
     values = [_value(r, view, args) for r in selected]

@@ -3,7 +3,7 @@
 Weights are 4-bit in blocks of 32 with an fp16 scale (and an fp16 offset where the format has one): a GGUF's own
 Q4_0, Q4_1 and Q4_K blocks where they dequantise bit for bit to the graph's weight, round to nearest (symmetric,
 Q4_0's rule) for every other layer, a GGUF's 6- and 8-bit blocks included. Activations are quantised to int8 per
-row and block of 32 inside the kernel, and the block dot products are exact int32 sums combined in a fixed order
+row and superblock of 256 inputs inside the kernel, and the block dot products are exact int32 sums combined in a fixed order
 (specc/kernels/csrc/q4gemm.h): a row's output has the same bits in a pass of any size, on every ISA's kernel.
 
 Layers that read one activation (q, k, v; gate, up) are merged into one operator and split after it, so a pass

@@ -59,6 +59,18 @@ TileKernel kernel_for(Isa isa) {
 #endif
 }
 
+using Quantizer = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int8_t*, float*, float*);
+
+// The scalar reference quantises for the scalar kernel; every SIMD kernel takes the AVX2 quantiser (the same bits).
+Quantizer quantizer_for(Isa isa) {
+#if defined(__x86_64__)
+  if (isa != Isa::kScalar) return quantize_rows_avx2;
+#else
+  (void)isa;
+#endif
+  return quantize_rows;
+}
+
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d, dsum;
@@ -72,8 +84,15 @@ void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& 
   s.q.resize(m * nb * kBlock);
   s.d.resize(m * supers);
   s.dsum.resize(m * nb);
-  quantize_rows(x, 0, m, l.k, nb, s.q.data(), s.d.data(), s.dsum.data());
-  const QuantizedRows a{s.q.data(), s.d.data(), s.dsum.data(), nb, supers};
+  // pointers taken here: inside the tasks `s` would name each worker thread's own scratch
+  int8_t* q = s.q.data();
+  float *d = s.d.data(), *dsum = s.dsum.data();
+  const Quantizer quantize = quantizer_for(isa);
+  const int row_tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, m / 4)));
+  shared_pool().run(row_tasks, [&](int i) {
+    quantize(x, m * i / row_tasks, m * (i + 1) / row_tasks, l.k, nb, q, d, dsum);
+  });
+  const QuantizedRows a{q, d, dsum, nb, supers};
   const TileKernel kernel = kernel_for(isa);
   const int64_t tiles = l.tiles();
   const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));

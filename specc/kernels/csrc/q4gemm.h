@@ -64,6 +64,8 @@ void gemm_tiles_avx512vnni(const QuantizedRows&, int64_t, int64_t, const uint8_t
 // Activation quantiser (the same bits on every ISA): rows [m0, m1) of x [*, k] into q, d and dsum as QuantizedRows
 // lays them out.
 void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t blocks, int8_t* q, float* d, float* dsum);
+void quantize_rows_avx2(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t blocks, int8_t* q, float* d,
+                        float* dsum);
 
 float half_to_float(uint16_t h);
 

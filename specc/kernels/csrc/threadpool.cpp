@@ -16,7 +16,7 @@ inline void cpu_relax() {
   _mm_pause();
 #endif
 }
-constexpr int kSpins = 1 << 16;  // about 0.1-0.3 ms of pause instructions before a worker sleeps
+constexpr int kSpins = 1 << 16;  // pause instructions before a worker sleeps: longer than the gap between two layers
 }
 
 ThreadPool::ThreadPool(int threads) {

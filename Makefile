@@ -17,7 +17,7 @@ $(BIN)/python:
 # Compile the quickstart recipe (SmolLM2-135M drafted by prompt lookup, ONNX Runtime),
 # generate with speculation, and benchmark speculative vs target-only on the same prompts.
 demo: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[gguf]'
+	$(BIN)/python -m pip install -q -e '.[gguf,bench]'
 	$(BIN)/specc compile recipes/quickstart.yaml
 	$(BIN)/specc generate bundles/quickstart --chat --stream --max-new-tokens 96 \
 		--prompt "Write a Python function that checks whether a string is a palindrome."

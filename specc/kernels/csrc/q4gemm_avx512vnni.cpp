@@ -16,7 +16,7 @@ namespace specc {
 
 namespace {
 
-#include "q4gemm_avx2.inc"
+#include "q4gemm_tile.inc"
 
 // Rows [m, m + MR) of one tile, column pairs [p0, p0 + NP): superblock partial sums in registers, lanes in memory.
 // With Offsets it also sums the offsets of all 8 columns into off [MR][8] (in the block loop, where their chain of

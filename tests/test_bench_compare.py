@@ -182,12 +182,22 @@ def test_bandwidth_lines_use_each_bundles_own_target_bytes(monkeypatch):
         graph = SimpleNamespace(facts={"weight_quant": {"weight_bytes": nbytes}})
         return SimpleNamespace(bundle=SimpleNamespace(path=path, graph=lambda role: graph))
 
+    from specc import kernels
+
     monkeypatch.setattr(bandwidth, "copy_bandwidth", lambda threads=None: 20.0)
+    monkeypatch.setattr(bandwidth, "linear_macs_per_row", lambda b: {"/b/a": 10**9, "/b/b": 2 * 10**9}[str(b.path)])
+    monkeypatch.setattr(kernels, "dot_peak", lambda isa=None, threads=1: 400.0)
     monkeypatch.setattr(llamacpp, "goal_lines", lambda results: [])
     systems = {name: {"family": "specc", "settings": {"bundle": b}, "tokens_per_second": 10.0, "speculative": spec,
-                      "tokens_per_target_pass": 2.0 if spec else None}
+                      "tokens_per_target_pass": 2.0 if spec else None, "target_seconds": 5.0, "rounds": 30,
+                      "drafted": 70, "new_tokens": 52, "requests": 2}
                for name, b, spec in [("a only", "/b/a", False), ("b only", "/b/b", False), ("b spec", "/b/b", True)]}
     results = {"systems": systems}
     llamacpp.annotate(results, [bundle("/b/a", 1_000_000_000), bundle("/b/b", 2_000_000_000)], {})
     assert [systems[n]["weight_bytes_per_pass"] for n in ("a only", "b only", "b spec")] == [1e9, 2e9, 2e9]
     assert systems["b spec"]["weight_gb_per_second"] == 2.0 * 5.0
+    if kernels.available():  # MACs in target passes: rows verified (rounds + drafts; target-only, tokens after the
+        # first) x MACs per row, over the target's seconds, against the dot peak
+        assert systems["a only"]["target_gmac_per_second"] == 1.0 * 50 / 5.0
+        assert systems["b spec"]["target_gmac_per_second"] == 2.0 * 100 / 5.0
+        assert any("40 GMAC/s (10% of the peak)" in line for line in results["bandwidth_lines"])

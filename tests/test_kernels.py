@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from specc import kernels
 from specc.block_weights import BlockWeight, quantize_rtn
 from specc.errors import SpeccError
-from specc.kernels.pack import dequantize, pack_int4
+from specc.kernels.pack import dequantize, pack_int4, quantized_activations
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specc's kernel library is not built here")
 
@@ -37,19 +36,6 @@ def _activations(m: int, k: int, seed: int = 1) -> np.ndarray:
     return x
 
 
-def _int8_superblocks(x: np.ndarray) -> np.ndarray:
-    """x as the kernels see it: int8 per row and superblock of 256 inputs (8 blocks of 32; the last may be shorter),
-    scale max|x| / 127, rounded half to even."""
-    k = x.shape[-1]
-    padded = torch.nn.functional.pad(torch.from_numpy(x), (0, -k % 32))
-    parts = []
-    for chunk in torch.split(padded, 256, dim=-1):
-        amax = chunk.abs().amax(-1, keepdim=True)
-        q = torch.where(amax > 0, torch.round(chunk * (127 / amax)), torch.zeros_like(chunk)).clamp(-127, 127)
-        parts.append(q * (amax / 127))
-    return torch.cat(parts, -1)[..., :k].numpy()
-
-
 @pytest.mark.parametrize("form", ["symmetric", "zero_points", "offsets"])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_every_isa_gives_the_scalar_references_bits(n, k, form):
@@ -67,7 +53,7 @@ def test_the_reference_multiplies_int8_activations_by_the_packed_weight(form):
     bw = _weights(48, 200, form)
     x = _activations(5, 200)
     y = kernels.gemm(x, pack_int4(bw), "scalar")
-    ref = _int8_superblocks(x) @ dequantize(bw).T
+    ref = quantized_activations(x) @ dequantize(bw).T
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
     assert np.abs(y - x @ dequantize(bw).T).max() > 1e-4 * np.abs(ref).max()  # the activations really are int8
 

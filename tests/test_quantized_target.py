@@ -218,15 +218,10 @@ def _dequantised_int4_gemm(w: np.ndarray) -> np.ndarray:
 
 
 def _int8_superblocks(x: torch.Tensor) -> torch.Tensor:
-    """x as Int4Gemm sees it: int8 per row and superblock of 256 inputs (the last may be shorter), scale max|x| / 127
-    (kernels/csrc/q4gemm.h)."""
-    k = x.shape[-1]
-    parts = []
-    for chunk in torch.split(torch.nn.functional.pad(x, (0, -k % 32)), 256, dim=-1):
-        amax = chunk.abs().amax(-1, keepdim=True)
-        q = torch.where(amax > 0, torch.round(chunk * (127 / amax)), torch.zeros_like(chunk)).clamp(-127, 127)
-        parts.append(q * (amax / 127))
-    return torch.cat(parts, -1)[..., :k]
+    """x as Int4Gemm sees it (kernels/pack.py: quantized_activations)."""
+    from specc.kernels.pack import quantized_activations
+
+    return torch.from_numpy(quantized_activations(x.detach().numpy()))
 
 
 def _dequantised_int8_gemm(w: np.ndarray) -> np.ndarray:

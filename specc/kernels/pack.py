@@ -67,3 +67,19 @@ def dequantize(bw: BlockWeight, symmetric_as_offsets: bool = False) -> np.ndarra
         offsets = raw.astype(np.float16).astype(np.float32)
     w = bw.q.astype(np.float32) * scales[..., None] + offsets[..., None]
     return w.reshape(bw.n, -1)[:, :bw.k]
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    """x [..., K] as the kernels multiply it, in float32: int8 per row and superblock of 256 inputs (8 blocks of 32;
+    the last may be shorter), scale max|x| / 127, rounded half to even (csrc/q4gemm.h)."""
+    x = np.asarray(x, dtype=np.float32)
+    k = x.shape[-1]
+    padded = np.concatenate([x, np.zeros(x.shape[:-1] + (-k % BLOCK,), np.float32)], axis=-1)
+    parts = []
+    for lo in range(0, padded.shape[-1], 8 * BLOCK):
+        chunk = padded[..., lo:lo + 8 * BLOCK]
+        amax = np.abs(chunk).max(-1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(amax > 0, np.rint(chunk * (np.float32(127) / amax)), np.float32(0))
+        parts.append(np.clip(q, -127, 127).astype(np.float32) * (amax / np.float32(127)))
+    return np.concatenate(parts, axis=-1)[..., :k]

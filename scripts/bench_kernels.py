@@ -30,6 +30,7 @@ from specc.block_weights import quantize_rtn
 from specc.hardware import cpu, usable_cores
 from specc.kernels.pack import pack_int4
 from specc.onnx_passes.linear_layers import QuantConfig
+from specc.onnx_passes.quantize_int4_gemm import QuantizeInt4Gemm
 from specc.onnx_passes.quantize_int8_gemm import QuantizeInt8Gemm
 from specc.onnx_passes.quantize_matmul_nbits import QuantizeMatMulNBits
 
@@ -46,17 +47,6 @@ def _linear_graph(w: np.ndarray):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", n])],
                               [numpy_helper.from_array(np.ascontiguousarray(w.T), "W")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-
-
-def _int4gemm_graph(w: np.ndarray):
-    from onnx import TensorProto, helper, numpy_helper
-
-    packed = pack_int4(quantize_rtn(w, 4, 32, True))
-    node = helper.make_node(kernels.OP, ["x", "W"], ["y"], domain=kernels.DOMAIN, N=packed.n, K=packed.k, offsets=0)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", packed.k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", packed.n])],
-                              [numpy_helper.from_array(packed.data, "W")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
 
 
 def _session(model, custom: bool = False):
@@ -79,8 +69,13 @@ def ort_systems(w: np.ndarray) -> dict:
         QuantizeInt8Gemm(QuantConfig(8, kind="int8-gemm"))(model)
         return _session(model)
 
+    def int4_gemm():
+        model = _linear_graph(w)
+        QuantizeInt4Gemm(QuantConfig(4, kind="int4-gemm"))(model)
+        return _session(model, True)
+
     return {"ONNX Runtime MatMulNBits int4, accuracy 4": nbits, "ONNX Runtime int8-gemm (MatMulInteger)": int8_gemm,
-            f"specc Int4Gemm in ONNX Runtime ({kernels.active_isa()})": lambda: _session(_int4gemm_graph(w), True)}
+            f"specc Int4Gemm in ONNX Runtime ({kernels.active_isa()})": int4_gemm}
 
 
 def direct_systems(w: np.ndarray, threads: int) -> dict:

@@ -46,6 +46,15 @@ class BlockWeight:
         return self.q.size * self.bits // 8 + self.scales.nbytes + zp + off
 
 
+def exact_match(candidates, w: np.ndarray) -> BlockWeight | None:
+    """The first of the candidate blocks (a GGUF's, as imported) that dequantises bit for bit to the float weight
+    w [N, K], if any."""
+    for bw in candidates:
+        if bw.n == w.shape[0] and bw.k == w.shape[1] and np.array_equal(bw.dequantize(), w):
+            return bw
+    return None
+
+
 def quantize_rtn(w: np.ndarray, bits: int, block_size: int, symmetric: bool = True) -> BlockWeight:
     """Round-to-nearest block quantisation of a float weight [N, K].
 

@@ -31,15 +31,22 @@ def packable(bw: BlockWeight) -> bool:
     return bw.bits == 4 and bw.block_size == BLOCK
 
 
+def _offsets(bw: BlockWeight) -> np.ndarray | None:
+    """The float offset per block of the kernels' form q * scale + offset, or None for symmetric blocks (zero point
+    8, no offset), which the kernels read as -8 * scale."""
+    if bw.offsets is None and bool(np.all(bw.zero_points == 8)):
+        return None
+    scales = bw.scales.astype(np.float32)
+    return (bw.offsets if bw.offsets is not None else np.zeros_like(scales)) - bw.zero_points.astype(np.float32) * scales
+
+
 def pack_int4(bw: BlockWeight) -> PackedInt4:
     """The kernels' bytes for a 4-bit, block-32 weight; ValueError for another format or scales beyond fp16."""
     if not packable(bw):
         raise ValueError(f"Int4Gemm packs 4-bit weights in blocks of {BLOCK}, not {bw.bits}-bit blocks of {bw.block_size}")
     n, blocks = bw.scales.shape
-    symmetric = bw.offsets is None and bool(np.all(bw.zero_points == 8))
-    scales = bw.scales.astype(np.float32)
-    offsets = None if symmetric else (
-        (bw.offsets if bw.offsets is not None else np.zeros_like(scales)) - bw.zero_points.astype(np.float32) * scales)
+    scales, offsets = bw.scales.astype(np.float32), _offsets(bw)
+    symmetric = offsets is None
     for name, values in (("scale", scales), ("offset", offsets)):
         if values is not None and (not np.all(np.isfinite(values)) or np.abs(values).max(initial=0) > FP16_MAX):
             raise ValueError(f"a block {name} is not finite or beyond fp16's range")
@@ -56,15 +63,11 @@ def pack_int4(bw: BlockWeight) -> PackedInt4:
     return PackedInt4(data, n, bw.k, not symmetric)
 
 
-def dequantize(bw: BlockWeight, symmetric_as_offsets: bool = False) -> np.ndarray:
+def dequantize(bw: BlockWeight) -> np.ndarray:
     """The float32 weight [N, K] the kernels multiply by (fp16 scales and offsets, as packed)."""
-    p = pack_int4(bw)
     scales = bw.scales.astype(np.float16).astype(np.float32)
-    if not p.offsets:
-        offsets = -8 * scales
-    else:
-        raw = (bw.offsets if bw.offsets is not None else np.zeros_like(bw.scales)) - bw.zero_points * bw.scales
-        offsets = raw.astype(np.float16).astype(np.float32)
+    offsets = _offsets(bw)
+    offsets = -8 * scales if offsets is None else offsets.astype(np.float16).astype(np.float32)
     w = bw.q.astype(np.float32) * scales[..., None] + offsets[..., None]
     return w.reshape(bw.n, -1)[:, :bw.k]
 

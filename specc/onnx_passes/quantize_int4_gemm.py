@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..block_weights import BlockWeight, quantize_rtn
+from ..block_weights import BlockWeight, exact_match, quantize_rtn
 from ..kernels import DOMAIN, OP, active_isa, register_with
 from ..kernels.pack import BLOCK, pack_int4, packable
 from .base import OnnxPass, OnnxProperty
@@ -89,14 +89,12 @@ def _block_weight(module: str, w: np.ndarray, config: QuantConfig) -> tuple[Bloc
     their rows in that order), and where each member's blocks came from."""
     parts, sources, row = [], [], 0
     for name in module.split("+"):
-        candidates = [bw for bw in config.imported.get(name, ()) if packable(bw)]
         rows = next((bw.n for bw in config.imported.get(name, ())), None) if "+" in module else w.shape[0]
-        member = w[row:row + rows] if rows is not None else None
-        bw = next((c for c in candidates if member is not None and c.n == member.shape[0] and c.k == member.shape[1]
-                   and np.array_equal(c.dequantize(), member)), None)
+        if rows is None:  # a merged layer whose members' sizes only their own weights know: round the whole
+            return quantize_rtn(w, 4, BLOCK, True), ["rtn int4 block 32"]
+        member = w[row:row + rows]
+        bw = exact_match([c for c in config.imported.get(name, ()) if packable(c)], member)
         if bw is None:
-            if member is None:  # a merged layer whose members' sizes only their own weights know: round the whole
-                return quantize_rtn(w, 4, BLOCK, True), ["rtn int4 block 32"]
             bw = quantize_rtn(member, 4, BLOCK, True)
             sources.append("rtn int4 block 32" + (" (gguf values differ)" if name in config.imported else ""))
         else:

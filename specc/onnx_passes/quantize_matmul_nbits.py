@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from ..block_weights import BlockWeight, quantize_rtn
+from ..block_weights import BlockWeight, exact_match, quantize_rtn
 from .base import OnnxPass, OnnxProperty
 from .kernel_rows import rows_match_small_passes
 from .linear_layers import LINEARS_QUANTISED, WEIGHT_TRANSPOSES_FOLDED, QuantConfig, replace_linear_layers
@@ -55,7 +55,7 @@ class QuantizeMatMulNBits(OnnxPass):
         shared: dict = {}
 
         def replace(node, w: np.ndarray, module: str):
-            bw = _exact_import(config.imported.get(module, ()), w)
+            bw = exact_match(config.imported.get(module, ()), w)
             if bw is None:
                 bw = quantize_rtn(w, config.bits, config.block_size, config.symmetric)
                 if module in config.imported:
@@ -121,14 +121,6 @@ def fewest_pass_rows(k: int, n: int, bits: int, block_size: int, accuracy_level:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
     x = rng.normal(size=(9, k)).astype(np.float32)
     return next((rows for rows in (1, 2) if rows_match_small_passes(model, x, rows)), None)
-
-
-def _exact_import(candidates, w: np.ndarray) -> BlockWeight | None:
-    """The imported blocks that dequantise bit for bit to the graph's weight, if any."""
-    for bw in candidates:
-        if bw.n == w.shape[0] and bw.k == w.shape[1] and np.array_equal(bw.dequantize(), w):
-            return bw
-    return None
 
 
 def _offset_nodes(x: str, nbits_out: str, base: str, bw: BlockWeight, n_blocks: int, model, shared: dict) -> list:

@@ -3,7 +3,6 @@
 // supports, or the one SPECC_KERNEL_ISA names (scalar, avx2, avxvnni, avx512vnni) where this CPU supports it.
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 

@@ -12,7 +12,7 @@ from specc.kernels.pack import dequantize, pack_int4, quantized_activations
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specc's kernel library is not built here")
 
-SHAPES = [(64, 96), (37, 80), (8, 32), (300, 1536), (1, 33)]  # odd N and K, a partial tile, K below one block
+SHAPES = [(64, 96), (37, 80), (8, 32), (300, 1536), (1, 33)]  # odd N and K, a partial panel, K below one block
 
 
 def _weights(n: int, k: int, form: str, seed: int = 0) -> BlockWeight:
@@ -161,3 +161,15 @@ def test_weights_packed_in_another_layout_are_refused():
     w = pack_int4(_weights(37, 80, "offsets"))
     with pytest.raises(Exception, match="packed in layout 1 but this specc's kernels take layout 2; compile the bundle again"):
         _session(_int4_graph(w, layout=1))
+
+
+def test_loading_a_bundle_graph_of_another_layout_says_to_compile_again(tmp_path):
+    import onnx
+
+    from specc.backends.onnxruntime_backend import OnnxRuntimeBackend
+    from specc.errors import BundleError
+
+    onnx.save(_int4_graph(pack_int4(_weights(37, 80, "offsets")), layout=1), str(tmp_path / "model.nbits.onnx"))
+    entry = {"entry": "model.nbits.onnx", "files": ["model.nbits.onnx"], "weight_quant": {"kind": "int4-gemm"}}
+    with pytest.raises(BundleError, match="packed in layout 1 .* compile the bundle again"):
+        OnnxRuntimeBackend().load(tmp_path, entry, None)

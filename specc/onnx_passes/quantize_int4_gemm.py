@@ -18,7 +18,7 @@ import numpy as np
 
 from ..block_weights import BlockWeight, exact_match, quantize_rtn
 from ..kernels import DOMAIN, OP, active_isa, register_with
-from ..kernels.pack import BLOCK, pack_int4, packable
+from ..kernels.pack import BLOCK, LAYOUT, pack_int4, packable
 from .base import OnnxPass, OnnxProperty
 from .kernel_rows import rows_match_small_passes
 from .linear_layers import (LINEARS_QUANTISED, WEIGHT_TRANSPOSES_FOLDED, QuantConfig, merge_shared_input_linears,

@@ -81,7 +81,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--max-body-mb {args.max_body_mb}: allowed a number of MiB > 0")
     checks.at_least(args.prefix_cache_mb, "--prefix-cache-mb", low=0)
     checks.at_least(args.prefill_chunk, "--prefill-chunk")
-    serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
+    api_key = args.api_key if args.api_key is not None else os.environ.get("SPECC_API_KEY")
+    serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
           max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
           chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb,
@@ -143,9 +144,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: any free port)")
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
-    p.add_argument("--api-key", default=os.environ.get("SPECC_API_KEY"),
+    p.add_argument("--api-key", action="append", default=None,
                    help="require the header Authorization: Bearer API_KEY on every route but /health and /metrics "
-                        "(default: $SPECC_API_KEY, which keeps the key out of the process list)")
+                        "(default: $SPECC_API_KEY, which keeps the key out of the process list; several "
+                        "--api-key: any of them, each client key its own prefix-cache domain)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
     p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429, "
                    "and a request of more sequences than this 400")

@@ -442,8 +442,10 @@ class Reply:
         return i, ev
 
     def echo_text(self, i: int) -> str:
+        """The prompt as text, decoded as generated text is (special tokens write nothing), so that logprobs'
+        text_offset, which moves by the text each token adds, indexes it."""
         prompt = self.job.prompts[i // self.job.n]
-        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=True)
 
     def piece(self, i: int, ev: StreamEvent) -> tuple[str, dict | None]:
         """A streamed event's text (the prompt first, under echo) and its logprobs object."""

@@ -16,6 +16,14 @@ from .parser import (RawEpilogHelpFormatter, add_context_settings, add_json, add
 from .run_cmds import write_json
 
 
+
+class ApiKeys(argparse.Action):
+    """--api-key, repeatable: the keys given replace the default ($SPECC_API_KEY) instead of joining it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (given if isinstance(given, list) else []) + [value])
+
 def _recipe_help() -> str:
     from ..recipe import describe_schema
 
@@ -81,8 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SpeccError(f"--max-body-mb {args.max_body_mb}: allowed a number of MiB > 0")
     checks.at_least(args.prefix_cache_mb, "--prefix-cache-mb", low=0)
     checks.at_least(args.prefill_chunk, "--prefill-chunk")
-    api_key = args.api_key if args.api_key is not None else os.environ.get("SPECC_API_KEY")
-    serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=api_key,
+    serve(args.bundle, warm=texts, host=args.host, port=args.port, name=args.name, api_key=args.api_key,
           k=args.k, speculative=not args.no_speculation, max_batch=args.max_batch,
           max_queue=args.max_queue, verify=not args.no_verify, expect_id=args.expect_id, trust_code=args.trust_code,
           chat_template=args.chat_template, shutdown_timeout=args.shutdown_timeout, max_body_mb=args.max_body_mb,
@@ -144,7 +151,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: any free port)")
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
-    p.add_argument("--api-key", action="append", default=None,
+    p.add_argument("--api-key", action=ApiKeys, default=os.environ.get("SPECC_API_KEY"),
                    help="require the header Authorization: Bearer API_KEY on every route but /health and /metrics "
                         "(default: $SPECC_API_KEY, which keeps the key out of the process list; several "
                         "--api-key: any of them, each client key its own prefix-cache domain)")

@@ -76,8 +76,10 @@ def read_rules(args: argparse.Namespace) -> dict:
                                    ("--frequency-penalty", args.frequency_penalty, -2, 2)):
         if not low <= value <= high:
             raise SpeccError(f"{flag} {value}: allowed a number in [{low}, {high}]")
-    if not 0 < args.repetition_penalty <= 10:
-        raise SpeccError(f"--repetition-penalty {args.repetition_penalty}: allowed a number in (0, 10] (1 = off)")
+    from ..runtime.rules import MAX_REPETITION_PENALTY as HIGH, MIN_REPETITION_PENALTY as LOW
+
+    if not LOW <= args.repetition_penalty <= HIGH:
+        raise SpeccError(f"--repetition-penalty {args.repetition_penalty}: allowed a number in [{LOW:g}, {HIGH:g}] (1 = off)")
     if args.logprobs is not None and not 0 <= args.logprobs <= 20:
         raise SpeccError(f"--logprobs {args.logprobs}: allowed an integer in [0, 20]")
     return dict(json_schema=schema, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,

@@ -3,6 +3,7 @@ its 4-bit weights and the integer dot-product peak of this CPU.
 
     python scripts/bench_kernels.py [--n 8960] [--k 1536] [--rows 1 2 4 5 8 16] [--weights cache|memory]
                                     [--repeats 30] [--json out.json]
+    python scripts/bench_kernels.py --bundle BUNDLE [--cache 512] [--rows ...] [--json out.json]
 
 Systems: ONNX Runtime's MatMulNBits (int4 blocks of 32, accuracy level 4: target.quantize int4), ONNX Runtime's
 integer GEMM as specc's int8-gemm pass emits it, specc's Int4Gemm inside ONNX Runtime (the kernel chosen here:
@@ -11,6 +12,10 @@ alternatives docs/backends.md weighs), and each of specc's kernels this CPU runs
 is set up as the runtime's (all usable CPUs). --weights cache times one weight over and over (it stays in the
 caches, as the kernel table of issue-style comparisons does); --weights memory rotates through copies of the
 weight adding up to 128 MB, so every call reads its weights from DRAM, as decoding does.
+
+--bundle times whole passes instead: the bundle's own target and draft graphs (ONNX Runtime, as the runtime opens
+them) on passes of M tokens over a cache of --cache positions, so the M=5 / M=1 column is what a 4-token verify
+costs against a decode step, and the memory line is the target's weight bytes over the copy bandwidth.
 """
 from __future__ import annotations
 
@@ -21,12 +26,14 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from specc import kernels
+from specc.kernels import DOMAIN, OP
 from specc.backends.onnxruntime_backend import session_options
-from specc.bench.bandwidth import copy_bandwidth
+from specc.bench.bandwidth import copy_bandwidth, onnx_linear_macs_per_row
 from specc.block_weights import quantize_rtn
 from specc.hardware import cpu, usable_cores
 from specc.kernels.pack import pack_int4
@@ -93,7 +100,7 @@ def direct_systems(w: np.ndarray, threads: int) -> dict:
 
 def torch_systems(w: np.ndarray, threads: int) -> dict:
     """name -> a builder of a callable(x [M, K]) for torch's own CPU kernels on weight w: the int4 weight-only GEMM
-    (groups of 32, what torchao's CPU int4 layout calls; float activations) and oneDNN's dynamic int8 linear (8-bit
+    (groups of 32, what torchao's CPU int4 layout calls; bfloat16 activations) and oneDNN's dynamic int8 linear (8-bit
     weights, activations quantised per pass), where this torch has them."""
     import torch
 
@@ -108,8 +115,10 @@ def torch_systems(w: np.ndarray, threads: int) -> dict:
         q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
         zero = lo + 8 * scale  # torch's form: (q - 8) * scale + zero
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
-        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(torch.from_numpy(x), packed, 32, scales_zeros)
+        # bfloat16 activations: the kernel's fast path (its float32 path is a plain loop)
+        scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(torch.from_numpy(x).to(torch.bfloat16), packed, 32,
+                                                                    scales_zeros)
 
     def onednn_int8():
         torch.backends.quantized.engine = "onednn"
@@ -120,7 +129,7 @@ def torch_systems(w: np.ndarray, threads: int) -> dict:
 
     systems = {}
     if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and k % 32 == 0:
-        systems["torch int4 weight-only (_weight_int4pack_mm_for_cpu)"] = int4pack
+        systems["torch int4 weight-only, bf16 activations (_weight_int4pack_mm_for_cpu)"] = int4pack
     if "onednn" in torch.backends.quantized.supported_engines:
         systems["torch oneDNN dynamic int8 linear"] = onednn_int8
     return systems
@@ -143,6 +152,48 @@ def time_system(builder, copies: int, k: int, rows: list[int], repeats: int) -> 
     return out
 
 
+def bundle_systems(bundle: Path, cache: int, room: int) -> tuple[dict, dict, int]:
+    """name -> a builder of a callable(x [M, K]) running one pass of M <= room tokens through each ONNX Runtime graph
+    of the bundle (target, draft) after `cache` cached positions; name -> the graph's linear multiply-adds per row;
+    and the target's weight bytes."""
+    import onnxruntime as ort
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    systems, macs, target_bytes = {}, {}, 0
+    for role, entry in manifest["graphs"].items():
+        if manifest.get("backend") != "onnxruntime" or not entry.get("cache_by_layer"):
+            continue
+        quant = entry.get("weight_quant") or {}
+        kernel = f"{DOMAIN}::{OP} ({kernels.active_isa()})" if quant.get("kind") == "int4-gemm" else "ONNX Runtime"
+        label = f"{role} pass ({entry.get('quantize') or 'float32'}, {kernel})"
+        if role == "target":
+            target_bytes = quant.get("weight_bytes", 0)
+        macs[label] = onnx_linear_macs_per_row(bundle / entry["dir"] / entry["entry"])
+
+        def build(entry=entry, role=role, quant=quant):
+            so = session_options(own_kernels=quant.get("kind") == "int4-gemm")
+            session = ort.InferenceSession(str(bundle / entry["dir"] / entry["entry"]), so,
+                                           providers=["CPUExecutionProvider"])
+            m = entry["model"]
+            rng = np.random.default_rng(0)
+            # the graph writes a pass's keys into the cache at their positions: room for them after the cached ones
+            slots = cache + room
+            caches = {i.name: rng.normal(size=(1, m["n_kv_heads"], slots, m["head_dim"])).astype(np.float32)
+                      for i in session.get_inputs() if i.name.startswith(("k_cache.", "v_cache."))}
+
+            def run(x: np.ndarray):
+                t = x.shape[0]
+                feeds = {"input_ids": np.full((1, t), 100, np.int64), "position_ids": (cache + np.arange(t))[None],
+                         "cache_len": np.array([cache], np.int64), "logit_index": np.arange(t)[None], **caches}
+                return session.run(["logits"], feeds)
+            return run
+
+        systems[label] = build
+    if not systems:
+        raise SystemExit(f"{bundle}: no ONNX Runtime graph with per-layer caches to time")
+    return systems, macs, target_bytes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8960, help="output size (default: Qwen2.5-1.5B's gate/up projection)")
@@ -151,30 +202,40 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", choices=("cache", "memory"), default="cache")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--bundle", type=Path, help="time the bundle's target and draft passes instead of one layer")
+    ap.add_argument("--cache", type=int, default=512, help="cached positions before each timed pass (--bundle)")
     args = ap.parse_args(argv)
     threads = usable_cores()
-    w = np.random.default_rng(1).normal(size=(args.n, args.k)).astype(np.float32) * 0.02
-    int4_bytes = quantize_rtn(w, 4, 32).nbytes()
-    copies = 1 if args.weights == "cache" else max(2, -(-ROTATION_BYTES // int4_bytes))
     gbps = copy_bandwidth()
+    if args.bundle:
+        builders, macs_per_row, int4_bytes = bundle_systems(args.bundle, args.cache, max(args.rows))
+        copies, title = 1, f"passes of {args.bundle.name} after {args.cache} cached tokens"
+    else:
+        w = np.random.default_rng(1).normal(size=(args.n, args.k)).astype(np.float32) * 0.02
+        int4_bytes = quantize_rtn(w, 4, 32).nbytes()
+        copies = 1 if args.weights == "cache" else max(2, -(-ROTATION_BYTES // int4_bytes))
+        builders = {**ort_systems(w), **torch_systems(w, threads), **direct_systems(w, threads)}
+        macs_per_row = dict.fromkeys(builders, args.n * args.k)
+        title = f"one linear layer, N={args.n} K={args.k}, weights in {args.weights}"
     memory_ms = int4_bytes / (gbps * 1e9) * 1e3
     systems = {}
-    builders = {**ort_systems(w), **torch_systems(w, threads), **direct_systems(w, threads)}
     for name, builder in builders.items():
         print(f"timing {name} ...", file=sys.stderr)
         ms = time_system(builder, copies, args.k, args.rows, args.repeats)
-        macs = args.n * args.k * max(args.rows)
+        macs = macs_per_row[name] * max(args.rows)
         systems[name] = {"ms": ms, "gmac_per_second": macs / (ms[str(max(args.rows))] * 1e-3) / 1e9}
     peaks = {isa: kernels.dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
     for name, s in systems.items():
-        isa = next((i for i in peaks if name.endswith(f"{i}, direct") or name.endswith(f"({i})")), None)
-        if isa is not None:
+        isa = next((i for i in peaks if name.endswith(f"{i}, direct") or f"({i})" in name), None)
+        if isa is not None and "gmac_per_second" in s:
             s["share_of_dot_peak"] = s["gmac_per_second"] / peaks[isa]
-    result = {"kind": "kernels", "title": f"one linear layer, N={args.n} K={args.k}, weights in {args.weights}",
+    result = {"kind": "kernels", "title": title,
               "date": datetime.date.today().isoformat(), "machine": cpu(), "threads": threads,
               "command": "python scripts/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "measured_by": "scripts/bench_kernels.py", "provenance": "measured", "n": args.n, "k": args.k,
-              "weights": args.weights, "rows": args.rows, "int4_weight_bytes": int4_bytes,
+              "measured_by": "scripts/bench_kernels.py", "provenance": "measured",
+              **({"bundle": args.bundle.name, "cache": args.cache} if args.bundle else
+                 {"n": args.n, "k": args.k, "weights": args.weights}),
+              "rows": args.rows, "int4_weight_bytes": int4_bytes,
               "copy_gb_per_second": gbps, "memory_ms": memory_ms, "dot_peak_gmac_per_second": peaks,
               "systems": systems}
     from specc.bench.results import kernel_table

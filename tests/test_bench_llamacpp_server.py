@@ -77,7 +77,11 @@ def test_servers_are_systems_compared_with_the_one_that_does_not_draft(servers):
     assert out["tokens"] == [[104, 105]] and out["per_prompt"][0]["finish_reason"] == "stop"  # EOS cut, as specc's
     assert spec.speculative and not target_only.speculative
     assert spec.reference == target_only.reference == "llama-server to"
-    assert server_systems([to_url], [EOS], "llama.cpp target-only")[0].reference == "llama.cpp target-only"
+    (alone,) = server_systems([spec_url], [EOS], "llama.cpp target-only")
+    alone.run([[1]], 2)
+    assert alone.reference == "llama.cpp target-only"  # no server without drafts: llama-cpp-python's target-only
+    (to,) = server_systems([to_url], [EOS], "llama.cpp target-only")
+    assert to.reference == to.name  # a server that drafts nothing is its own reference
 
 
 def test_bad_servers_are_one_clear_error(servers):

@@ -3,6 +3,7 @@ against what a plain copy achieves on this machine."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ..hardware import usable_cores
 
@@ -31,8 +32,11 @@ def linear_macs_per_row(bundle) -> int | None:
     a constant weight, quantised or not), read from the graph; None for graphs that are not ONNX."""
     entry = bundle.graph("target")
     path = bundle.path / entry.dir / entry.entry
-    if path.suffix != ".onnx":
-        return None
+    return onnx_linear_macs_per_row(path) if path.suffix == ".onnx" else None
+
+
+def onnx_linear_macs_per_row(path: Path) -> int:
+    """Multiply-adds of the linear layers of the ONNX graph at `path` for one row of a pass."""
     import onnx
     from onnx import helper
 

@@ -6,7 +6,8 @@ greedy, the same max_new_tokens.
 Each server is one system. Timing is the wall time of each `/completion` request on loopback (prefill included, as
 for specc); the server's own timings (prompt and decode milliseconds, tokens drafted and accepted) are kept beside
 it. A server that drafted tokens is speculative; every server's output is compared with the first server that did
-not draft (llama.cpp's own target-only), or with llama-cpp-python's target-only when `--compare llamacpp` runs too.
+not draft (llama.cpp's own target-only), or, when every server drafts, with llama-cpp-python's target-only where
+`--compare llamacpp` runs too.
 """
 from __future__ import annotations
 
@@ -64,10 +65,9 @@ class LlamaServerSystem:
 
     @property
     def reference(self) -> str | None:
-        """The system this one's outputs are compared with: llama.cpp's own target-only."""
-        if self.fallback_reference:
-            return self.fallback_reference
-        return next((p.name for p in self.peers if not p.speculative), None)
+        """The system this one's outputs are compared with: the first server that drafted nothing (the same build
+        and settings), else llama-cpp-python's target-only when it ran."""
+        return next((p.name for p in self.peers if not p.speculative), self.fallback_reference)
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
         tokens, per_prompt, seconds, prefill = [], [], 0.0, 0.0

@@ -7,6 +7,7 @@ advanced over the drafts to mask each position, then rolled back to the committe
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 from ..errors import RequestError
@@ -50,15 +51,56 @@ class Grammars:
                         grammar = compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"),
                                                                strict_mode=True)
                 except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its own message
-                    raise RequestError(f"json_schema could not be compiled: {str(exc).strip().splitlines()[0]}") from None
+                    raise RequestError(f"json_schema could not be compiled: {_first_line(exc)}") from None
                 self._cache[schema] = grammar
             return self._cache[schema]
+
+    def compile_tag(self, tag: str):
+        """The compiled grammar of an xgrammar structural tag (JSON text); RequestError naming what the library
+        could not compile."""
+        key = "structural_tag:" + tag
+        with self._lock:
+            if key not in self._cache:
+                compiler = self.compiler()
+                try:
+                    self._cache[key] = compiler.compile_structural_tag(tag)
+                except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its own message
+                    raise RequestError(f"structural_tag could not be compiled: {_first_line(exc)}") from None
+            return self._cache[key]
 
     def matcher(self, schema: str) -> "CompactJsonMatcher":
         import xgrammar as xgr
 
         grammar = self.compile(schema)
         return CompactJsonMatcher(xgr.GrammarMatcher(grammar), self._printable)
+
+    def tag_matcher(self, tag: str):
+        """A matcher of a structural tag. No printable mask: the text around tool calls may hold newlines, and
+        xgrammar's JSON strings inside the tags refuse raw control characters themselves."""
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compile_tag(tag))
+
+
+def schema_ebnf(schema: str) -> str:
+    """EBNF of a JSON schema (JSON text) written as json.dumps writes it, `{"a": 1, "b": [2, 3]}`: the form
+    chat templates render tool-call arguments in, and no free whitespace, so a model cannot stall in spaces.
+    RequestError with the library's reason when it cannot compile the schema."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise RequestError("tool calling needs the xgrammar package: pip install 'specc[serve]'") from None
+    try:
+        return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(", ", ": "),
+                                                strict_mode=True))
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its own message
+        raise RequestError(f"the schema could not be compiled: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """The library's message without its log prefix ("[12:00:00] /path/file.cc:123: ")."""
+    lines = str(exc).strip().splitlines()
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0]) if lines else type(exc).__name__
 
 
 def printable_mask(decoded_vocab: list[bytes], vocab_size: int, eos_ids: list[int]):

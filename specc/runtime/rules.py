@@ -37,7 +37,8 @@ class Rules:
 
     logit_bias: (token id, bias) pairs, bias in [-100, 100]; logprobs: alternatives per generated token
     (0: only the chosen token's; None: no logprobs); prompt_logprobs: the prompt's too (echo);
-    json_schema: a JSON schema as a JSON string, or "json_object" for any JSON object."""
+    json_schema: a JSON schema as a JSON string, or "json_object" for any JSON object; structural_tag: an
+    xgrammar structural tag as JSON text (tool calls, serving/tools.py); at most one of the two."""
 
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -46,12 +47,17 @@ class Rules:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     json_schema: str | None = None
+    structural_tag: str | None = None
+
+    @property
+    def grammar(self) -> bool:
+        return self.json_schema is not None or self.structural_tag is not None
 
     @property
     def transforms(self) -> bool:
         """Whether the rules change the distribution (else they only read it)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.json_schema)
+                    or self.logit_bias or self.grammar)
 
     @property
     def any(self) -> bool:
@@ -80,6 +86,8 @@ class Rules:
                 raise RequestError(f"json_schema is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise RequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        if self.json_schema is not None and self.structural_tag is not None:
+            raise RequestError("json_schema and structural_tag: one grammar per request; give one of them")
         return self
 
 

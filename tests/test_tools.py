@@ -86,7 +86,8 @@ WRITTEN = {  # a reply with text and two calls as each family writes it; argumen
 def test_calls_read_the_same_whole_and_in_any_pieces(fmt):
     text = WRITTEN[fmt.name]
     whole = _read(fmt, text, [])
-    assert (whole[0].rstrip(), whole[1]) == ("Let me check.", [["get_weather", '{"city": "P}a\\"r", "x": [1, {"y": 2}]}'], ["add", "{}"]])
+    calls = [["get_weather", '{"city": "P}a\\"r", "x": [1, {"y": 2}]}'], ["add", "{}"]]
+    assert (whole[0].rstrip(), whole[1]) == ("Let me check.", calls)
     rng = random.Random(0)
     for _ in range(200):
         cuts = sorted({rng.randrange(1, len(text)) for _ in range(rng.randint(1, 40))})

@@ -118,6 +118,13 @@ def test_streamed_content_and_calls_join_to_the_whole_message():
         [calls[0], calls[1]]
 
 
+def test_docs_list_every_format():
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    assert all(f"| `{f.name}` |" in doc for f in FORMATS)
+
+
 # -- the grammar -------------------------------------------------------------------------------------------
 def _accepts(tag: str, text: str) -> bool:
     import xgrammar as xgr

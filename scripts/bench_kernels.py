@@ -6,7 +6,8 @@ its 4-bit weights and the integer dot-product peak of this CPU.
 
 Systems: ONNX Runtime's MatMulNBits (int4 blocks of 32, accuracy level 4: target.quantize int4), ONNX Runtime's
 integer GEMM as specc's int8-gemm pass emits it, specc's Int4Gemm inside ONNX Runtime (the kernel chosen here:
-target.quantize int4-gemm), and each of specc's kernels this CPU runs, called directly. Every ONNX Runtime session
+target.quantize int4-gemm), torch's int4 weight-only kernel and oneDNN's dynamic int8 linear through torch (the
+alternatives docs/backends.md weighs), and each of specc's kernels this CPU runs, called directly. Every ONNX Runtime session
 is set up as the runtime's (all usable CPUs). --weights cache times one weight over and over (it stays in the
 caches, as the kernel table of issue-style comparisons does); --weights memory rotates through copies of the
 weight adding up to 128 MB, so every call reads its weights from DRAM, as decoding does.
@@ -90,6 +91,41 @@ def direct_systems(w: np.ndarray, threads: int) -> dict:
     return {f"specc int4 {isa}, direct": (lambda isa=isa: build(isa)) for isa in kernels.supported_isas() if isa != "scalar"}
 
 
+def torch_systems(w: np.ndarray, threads: int) -> dict:
+    """name -> a builder of a callable(x [M, K]) for torch's own CPU kernels on weight w: the int4 weight-only GEMM
+    (groups of 32, what torchao's CPU int4 layout calls; float activations) and oneDNN's dynamic int8 linear (8-bit
+    weights, activations quantised per pass), where this torch has them."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n, k = w.shape
+    wt = torch.from_numpy(w)
+
+    def int4pack():
+        groups = wt.reshape(n, k // 32, 32)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-8)
+        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        zero = lo + 8 * scale  # torch's form: (q - 8) * scale + zero
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
+        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(torch.from_numpy(x), packed, 32, scales_zeros)
+
+    def onednn_int8():
+        torch.backends.quantized.engine = "onednn"
+        linear = torch.nn.Linear(k, n, bias=False)
+        linear.weight.data = wt.clone()
+        model = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear}, torch.qint8)
+        return lambda x: model(torch.from_numpy(x))
+
+    systems = {}
+    if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and k % 32 == 0:
+        systems["torch int4 weight-only (_weight_int4pack_mm_for_cpu)"] = int4pack
+    if "onednn" in torch.backends.quantized.supported_engines:
+        systems["torch oneDNN dynamic int8 linear"] = onednn_int8
+    return systems
+
+
 def time_system(builder, copies: int, k: int, rows: list[int], repeats: int) -> dict:
     calls = [builder() for _ in range(copies)]
     rng = np.random.default_rng(0)
@@ -123,7 +159,7 @@ def main(argv=None) -> int:
     gbps = copy_bandwidth()
     memory_ms = int4_bytes / (gbps * 1e9) * 1e3
     systems = {}
-    builders = {**ort_systems(w), **direct_systems(w, threads)}
+    builders = {**ort_systems(w), **torch_systems(w, threads), **direct_systems(w, threads)}
     for name, builder in builders.items():
         print(f"timing {name} ...", file=sys.stderr)
         ms = time_system(builder, copies, args.k, args.rows, args.repeats)

@@ -12,7 +12,7 @@ from specc.kernels.pack import dequantize, pack_int4, quantized_activations
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specc's kernel library is not built here")
 
-SHAPES = [(64, 96), (37, 80), (8, 32), (300, 1536), (1, 33)]  # odd N and K, a partial tile, K below one block
+SHAPES = [(64, 96), (37, 80), (8, 32), (300, 1536), (1, 33)]  # odd N and K, a partial panel, K below one block
 
 
 def _weights(n: int, k: int, form: str, seed: int = 0) -> BlockWeight:
@@ -90,11 +90,11 @@ def test_packing_refuses_what_the_kernels_do_not_take():
 
 
 def test_the_packed_bytes_are_what_the_layout_says():
-    """4.5 bits a weight for symmetric blocks, 5 with offsets; N padded to tiles of 8."""
-    assert pack_int4(_weights(64, 96, "symmetric")).data.nbytes == 8 * 3 * (128 + 16) == 64 * 96 * 4.5 / 8
-    assert pack_int4(_weights(60, 96, "offsets")).data.nbytes == 8 * 3 * (128 + 32)
+    """4.5 bits a weight for symmetric blocks, 5 with offsets; N padded to panels of 16."""
+    assert pack_int4(_weights(64, 96, "symmetric")).data.nbytes == 4 * 3 * (256 + 32) == 64 * 96 * 4.5 / 8
+    assert pack_int4(_weights(60, 96, "offsets")).data.nbytes == 4 * 3 * (256 + 64)
     lib = kernels.library()
-    assert lib.specc_int4_packed_bytes(60, 96, 1) == 8 * 3 * (128 + 32)
+    assert lib.specc_int4_packed_bytes(60, 96, 1) == 4 * 3 * (256 + 64)
 
 
 def test_kernel_choice_and_its_errors(monkeypatch):
@@ -115,11 +115,12 @@ def test_kernel_choice_and_its_errors(monkeypatch):
             kernels.gemm(np.zeros((2, 32), np.float32), w, missing[0])
 
 
-def _int4_graph(w, rank: int = 3, n_attr: int | None = None, k_dim: int | str | None = None):
+def _int4_graph(w, rank: int = 3, n_attr: int | None = None, k_dim: int | str | None = None,
+                layout: int = kernels.LAYOUT):
     from onnx import TensorProto, helper, numpy_helper
 
     node = helper.make_node(kernels.OP, ["x", "W"], ["y"], domain=kernels.DOMAIN, N=n_attr or w.n, K=w.k,
-                            offsets=int(w.offsets))
+                            offsets=int(w.offsets), layout=layout)
     lead = ["b", "t"][:rank - 1]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, lead + [k_dim or w.k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, lead + [w.n])],
@@ -152,4 +153,23 @@ def test_onnx_runtime_reports_bad_operands():
     with pytest.raises(InvalidArgument, match="Int4Gemm: X's last dimension must be K = 80"):
         _session(_int4_graph(w, k_dim="k")).run(None, {"x": np.zeros((1, 2, 64), np.float32)})
     with pytest.raises(InvalidArgument, match="Int4Gemm: W must hold"):
-        _session(_int4_graph(w, n_attr=45)).run(None, {"x": np.zeros((1, 2, 80), np.float32)})
+        _session(_int4_graph(w, n_attr=55)).run(None, {"x": np.zeros((1, 2, 80), np.float32)})
+
+
+def test_weights_packed_in_another_layout_are_refused():
+    """A bundle compiled by a specc whose kernels packed weights otherwise must not run on these kernels."""
+    w = pack_int4(_weights(37, 80, "offsets"))
+    with pytest.raises(Exception, match="packed in layout 1 but this specc's kernels take layout 2; compile the bundle again"):
+        _session(_int4_graph(w, layout=1))
+
+
+def test_loading_a_bundle_graph_of_another_layout_says_to_compile_again(tmp_path):
+    import onnx
+
+    from specc.backends.onnxruntime_backend import OnnxRuntimeBackend
+    from specc.errors import BundleError
+
+    onnx.save(_int4_graph(pack_int4(_weights(37, 80, "offsets")), layout=1), str(tmp_path / "model.nbits.onnx"))
+    entry = {"entry": "model.nbits.onnx", "files": ["model.nbits.onnx"], "weight_quant": {"kind": "int4-gemm"}}
+    with pytest.raises(BundleError, match="packed in layout 1 .* compile the bundle again"):
+        OnnxRuntimeBackend().load(tmp_path, entry, None)

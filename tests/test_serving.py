@@ -157,7 +157,7 @@ def test_stop_strings(server, model):
     ({"model": "tiny", "prompt": "a" * 300}, "prompt"),
     ({"model": "tiny", "prompt": "a", "seed": -10**30}, "seed"),
     ({"model": "tiny", "prompt": "a", "seed": 2**64}, "seed"),
-    ({"model": "tiny", "prompt": "a", "seed": 2**64 - 1, "n": 2}, None),  # row 1's seed is past 2**64 - 1
+    ({"model": "tiny", "prompt": "a", "seed": 2**64 - 1, "n": 2}, "seed"),  # row 1's seed is past 2**64 - 1
 ])
 def test_bad_completion_requests_answer_400_naming_the_field(server, body, param):
     r = server.post("/v1/completions", body)
@@ -350,7 +350,7 @@ def test_the_api_key_comes_from_specc_api_key(monkeypatch):
 
     monkeypatch.setenv("SPECC_API_KEY", "s3cret")
     assert build_parser().parse_args(["serve", "b"]).api_key == "s3cret"
-    assert build_parser().parse_args(["serve", "b", "--api-key", "other"]).api_key == "other"
+    assert build_parser().parse_args(["serve", "b", "--api-key", "other"]).api_key == ["other"]
     monkeypatch.delenv("SPECC_API_KEY")
     assert build_parser().parse_args(["serve", "b"]).api_key is None
 

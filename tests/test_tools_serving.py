@@ -187,6 +187,105 @@ def test_a_schema_that_cannot_compile_is_a_quick_400_beside_a_running_stream(ser
     assert done["calls"]
 
 
+# -- with issue 57: tool grammars go the schemas' way -----------------------------------------------------
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}, "multipleOf"),
+    ({"type": "object", "properties": {"l": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+     "uniqueItems"),
+    ({"type": "object", "properties": {"v": {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                                      {"type": "object", "properties": {"b": {"type": "integer"}}}]}}},
+     "oneOf"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}, "required"),
+])
+def test_tool_schemas_are_checked_as_json_schemas_are_naming_the_tool_and_keyword(served, schema, keyword):
+    """A keyword the grammar cannot enforce in a tool the model may call is a 400 naming the tool's parameters
+    and the keyword; a tool the choice never lets it call ("none", another named tool) is only rendered."""
+    s, _ = served
+    tools = TOOLS + [_tool("x", schema)]
+    for choice in ("required", "auto", {"type": "function", "function": {"name": "x"}}):
+        r = s.post("/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "tools": tools,
+                                            "tool_choice": choice, "max_tokens": 3})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "tools.2.function.parameters", r.text
+        assert keyword in err["message"] and "'x'" in err["message"], err
+    for choice in ("none", {"type": "function", "function": {"name": "add"}}):
+        r = s.post("/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "tools": tools,
+                                            "tool_choice": choice, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+
+
+def test_tool_grammars_compile_on_the_grammar_thread_never_the_engines(served, monkeypatch):
+    """The structural tag compiles in the request's worker thread through the grammar thread (timeout, cache),
+    travels in Rules.grammar, and the engine thread compiles nothing."""
+    from specc.runtime.grammar import TAG_KEY, Grammars
+
+    s, _ = served
+    seen: list[tuple[str, str]] = []
+    for method in ("compile", "compile_tag", "_build"):
+        real = getattr(Grammars, method)
+
+        def spy(self, key, *a, _real=real, _method=method, **kw):
+            seen.append((_method if not key.startswith(TAG_KEY) else "_build_tag", threading.current_thread().name))
+            return _real(self, key, *a, **kw)
+
+        monkeypatch.setattr(Grammars, method, spy)
+    tools = [_tool("fresh_tool", {"type": "object", "properties": {"q": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 7}}, "required": ["q"]})]
+    for stream in (False, True):
+        kw = dict(model="tiny", messages=MESSAGES, tools=tools, tool_choice="required", max_tokens=120, temperature=0)
+        got = _streamed(s.client().chat.completions.create(stream=True, **kw)) if stream else \
+            _whole(s.client().chat.completions.create(**kw).choices)
+        assert got[0]["calls"] and got[0]["calls"][0][0] == "fresh_tool", got
+    assert [n for m, n in seen if m == "_build_tag"] == ["specc-grammar_0"], seen  # compiled once, then cached
+    assert [m for m, _ in seen].count("compile_tag") == 2 and not any(n == "specc-engine" for _, n in seen), seen
+
+
+def test_compiling_a_tag_waits_at_most_the_timeout_and_caches(served, monkeypatch):
+    import time
+
+    from specc.errors import RequestError
+    from specc.runtime import grammar
+    from specc.serving.tool_formats import FORMATS, structural_tag
+
+    _, model = served
+    tag = structural_tag(FORMATS[0], [("add_slowly", grammar.schema_ebnf(json.dumps(ADD)))], "add_slowly", False)
+    real, calls = grammar.Grammars._compile_tag, []
+
+    def slow(self, text):
+        calls.append(text)
+        time.sleep(1.0)
+        return real(self, text)
+
+    monkeypatch.setattr(grammar.Grammars, "_compile_tag", slow)
+    start = time.perf_counter()
+    with pytest.raises(RequestError, match="structural_tag took longer than 0.2 s"):
+        model.grammars.compile_tag(tag, timeout=0.2)
+    assert time.perf_counter() - start < 0.8
+    time.sleep(1.2)  # the compile finished in the background: cached
+    first = model.grammars.compile_tag(tag, timeout=0.2)
+    assert model.rules(structural_tag=tag).grammar is first and len(calls) == 1
+    with pytest.raises(RequestError, match="^structural_tag could not be compiled"):
+        model.grammars.compile_tag('{"type": "structural_tag", "format": {"type": "nonsense"}}')
+
+
+def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
+    """RowRule.commit reports a refused token of a tool grammar as the structural tag's (not the schema's), and the
+    server answers it with param tools."""
+    from specc.runtime.rules import RowRule
+    from specc.serving.app import _request_failed
+    from test_tools import _tags
+
+    _, model = served
+    rules = model.rules(structural_tag=_tags()["required"])
+    rule = RowRule(rules, [1, 2], model.target.dims.vocab_size, model.grammars.tag_matcher(rules.structural_tag,
+                                                                                           rules.grammar))
+    x = model.tokenizer("x", add_special_tokens=False)["input_ids"][0]  # a call must open with "<tool_call>"
+    message = rule.commit([x])
+    assert message and message.startswith("structural_tag:"), message
+    error = _request_failed(message)
+    assert error.status == 400 and error.body()["error"]["param"] == "tools"
+
+
 # -- an agent framework on loopback ---------------------------------------------------------------------
 def _agent_run(url: str, model_name: str, stream: bool, choice: str, max_tokens: int):
     """The OpenAI Agents SDK: an agent with two tools; it calls one, gets its result, and goes on to an answer."""

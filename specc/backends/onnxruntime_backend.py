@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
+from ..errors import BundleError
 from ..hardware import usable_cores
 from ..onnx_passes import AttendAtCachePositions, QuantConfig, onnxruntime_target_pipeline, run_onnx_passes
 from ..onnx_passes.feed_cache_by_layer import FeedCacheByLayer, by_layer, stacked_input
@@ -115,8 +116,15 @@ class OnnxRuntimeBackend:
 
         check_external_data(graph_dir / entry["entry"], entry["files"])
 
-        so = session_options(own_kernels=entry.get("weight_quant", {}).get("kind") == "int4-gemm")
-        session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
+        own_kernels = entry.get("weight_quant", {}).get("kind") == "int4-gemm"
+        so = session_options(own_kernels=own_kernels)
+        try:
+            session = ort.InferenceSession(str(graph_dir / entry["entry"]), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own exception types; the kernels' refusal of an older layout
+            message = str(exc)
+            if own_kernels and "Int4Gemm: these weights are packed in layout" in message:
+                raise BundleError(f"{graph_dir.name}: {message[message.index('Int4Gemm:'):].strip()}") from None
+            raise
         names, kv, layers = abi_inputs(session.get_inputs())
         check_engine_matches(entry, names, [o.name for o in session.get_outputs()], kv,
                              f"ONNX graph {graph_dir.name}/{entry['entry']}")
@@ -187,8 +195,6 @@ def check_external_data(path: Path, files: list[str]) -> None:
     would open whatever path the graph gives; recent versions refuse only paths outside the folder)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
-
-    from ..errors import BundleError
 
     try:
         model = onnx.load(str(path), load_external_data=False)

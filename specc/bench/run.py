@@ -315,7 +315,7 @@ def check_bench_settings(repeats: int, batch_size: int, stop_below: list[float],
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int | str] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
               compare: str | None = None, progress: bool = True, llamacpp: dict | None = None,
-              stop_below: list[float] = ()) -> dict:
+              stop_below: list[float] = (), llamacpp_servers: list[str] = ()) -> dict:
     """Measure every system on every prompt, alternating systems within each repeat; print a table,
     optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
 
@@ -323,8 +323,9 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     bench_hf.py (same weights, loaded from the bundle's recorded model source) and makes
     `hf target-only` the reference. compare="llamacpp" adds llama.cpp target-only and speculative
     (bench/llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
-    with a bandwidth line per target. progress: a bar on stderr, one step per system run. stop_below:
-    draft.stop_below thresholds to measure each chain at (`specc_systems`).
+    with a bandwidth line per target. llamacpp_servers: running llama-servers (`[LABEL=]URL`,
+    bench/llamacpp_server.py), one system each, after those. progress: a bar on stderr, one step per system
+    run. stop_below: draft.stop_below thresholds to measure each chain at (`specc_systems`).
     """
     from .report import summary_table, write_outputs
 
@@ -346,6 +347,12 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
 
         systems += systems_for_bench(models, anchor_k, llamacpp or {}, prompts,
                                      max_new_tokens)
+    if llamacpp_servers:
+        from .llamacpp import LLAMACPP_TARGET_ONLY
+        from .llamacpp_server import server_systems
+
+        systems += server_systems(list(llamacpp_servers), sorted(models[0].eos_ids),
+                                  LLAMACPP_TARGET_ONLY if compare == "llamacpp" else None)
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)
     fits = min(map(len, prompts))  # a prompt this long fits the bundles at this budget: warm-up prompts keep their ends
@@ -368,10 +375,14 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
         "target": next(iter(targets)), "systems": summarise(systems, runs, items), "skipped": skipped,
         "machine": cpu(),
     }
-    if compare == "llamacpp":
+    if compare == "llamacpp" or llamacpp_servers:
         from .llamacpp import annotate
+        from .llamacpp_server import LlamaServerSystem, server_target_gguf
 
-        annotate(results, models, llamacpp or {})
+        opts = llamacpp or {}
+        if llamacpp_servers and not opts.get("resolved"):
+            opts["resolved"] = {"target_gguf": server_target_gguf([s for s in systems if isinstance(s, LlamaServerSystem)])}
+        annotate(results, models, opts)
     print(summary_table(results))
     for line in results.get("goal", []) + results.get("bandwidth_lines", []):
         print(line)

@@ -16,6 +16,14 @@ from .parser import (RawEpilogHelpFormatter, add_context_settings, add_json, add
 from .run_cmds import write_json
 
 
+
+class ApiKeys(argparse.Action):
+    """--api-key, repeatable: the keys given replace the default ($SPECC_API_KEY) instead of joining it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (given if isinstance(given, list) else []) + [value])
+
 def _recipe_help() -> str:
     from ..recipe import describe_schema
 
@@ -143,9 +151,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (0: any free port)")
     p.add_argument("--name", help="the model name clients send (default: the bundle directory's name)")
-    p.add_argument("--api-key", default=os.environ.get("SPECC_API_KEY"),
+    p.add_argument("--api-key", action=ApiKeys, default=os.environ.get("SPECC_API_KEY"),
                    help="require the header Authorization: Bearer API_KEY on every route but /health and /metrics "
-                        "(default: $SPECC_API_KEY, which keeps the key out of the process list)")
+                        "(default: $SPECC_API_KEY, which keeps the key out of the process list; several "
+                        "--api-key: any of them, each client key its own prefix-cache domain)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows per round (default: the bundle's limits.max_batch)")
     p.add_argument("--max-queue", type=int, default=256, help="most sequences waiting for a row; more answer 429, "
                    "and a request of more sequences than this 400")

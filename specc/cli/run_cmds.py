@@ -76,8 +76,10 @@ def read_rules(args: argparse.Namespace) -> dict:
                                    ("--frequency-penalty", args.frequency_penalty, -2, 2)):
         if not low <= value <= high:
             raise SpeccError(f"{flag} {value}: allowed a number in [{low}, {high}]")
-    if not 0 < args.repetition_penalty <= 10:
-        raise SpeccError(f"--repetition-penalty {args.repetition_penalty}: allowed a number in (0, 10] (1 = off)")
+    from ..runtime.rules import MAX_REPETITION_PENALTY as HIGH, MIN_REPETITION_PENALTY as LOW
+
+    if not LOW <= args.repetition_penalty <= HIGH:
+        raise SpeccError(f"--repetition-penalty {args.repetition_penalty}: allowed a number in [{LOW:g}, {HIGH:g}] (1 = off)")
     if args.logprobs is not None and not 0 <= args.logprobs <= 20:
         raise SpeccError(f"--logprobs {args.logprobs}: allowed an integer in [0, 20]")
     return dict(json_schema=schema, presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
@@ -141,12 +143,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench.llamacpp_server import parse_server
     from ..bench.run import check_bench_settings, load_bundles, run_bench
 
     if args.expect_id and len(args.bundle) != 1:
         raise SpeccError(f"--expect-id pins one bundle; bench was given {len(args.bundle)}")
     check_run_inputs(args)
     check_bench_settings(args.repeats, args.max_batch, args.stop_below or [], args.compare)
+    if args.llamacpp_server and args.max_batch != 1:
+        raise SpeccError("--llamacpp-server measures batch 1 (one request at a time); drop --max-batch")
+    for spec in args.llamacpp_server or []:
+        parse_server(spec)
     if args.per_kind is not None and args.per_kind < 1:
         raise SpeccError(f"--per-kind must be at least 1, got {args.per_kind}")
     if args.compare == "llamacpp":
@@ -167,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             repeats=args.repeats, json_path=json_file(args), batch_size=args.max_batch, seed=args.seed,
                             compare=args.compare, llamacpp={"target_gguf": args.llamacpp_target,
                                                             "draft_gguf": args.llamacpp_draft, "threads": args.threads},
-                            stop_below=args.stop_below or [])
+                            stop_below=args.stop_below or [], llamacpp_servers=args.llamacpp_server or [])
     if json_to_stdout(args):
         write_json(args, results)
     return 0
@@ -303,6 +310,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "of a bundle's draft model; without one, prompt lookup)")
     p.add_argument("--threads", type=int, help="--compare llamacpp: llama.cpp threads (default: the CPUs this process may "
                    "use, as ONNX Runtime)")
+    p.add_argument("--llamacpp-server", action="append", metavar="[LABEL=]URL", help="also a running llama-server "
+                   "(e.g. scripts/build_llamacpp.sh's, started with or without --spec-type): the same prompt ids through "
+                   "its /completion, greedy; repeat for several servers (docs/benchmarks.md)")
     add_warm(p)
     add_context_settings(p, prefix_cache_default=0)  # repeats of the same prompts would hit the cache
     add_json(p, "the results (with FILE: a Markdown report (.md) and a plot (.png) beside it)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpeccError
-from .pack import PackedInt4, pack_int4
+from .pack import LAYOUT, PackedInt4, pack_int4
 
 ISAS = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the order of the library's Isa enum
 DOMAIN = "ai.specc"
@@ -130,5 +130,5 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     return y
 
 
-__all__ = ["DOMAIN", "ISAS", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "dot_peak", "gemm",
+__all__ = ["DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "dot_peak", "gemm",
            "library", "library_path", "pack_int4", "register_with", "supported_isas"]

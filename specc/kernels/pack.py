@@ -1,9 +1,10 @@
 """The packed weight format of the Int4Gemm kernels (csrc/q4gemm.h), written from a BlockWeight.
 
-A weight is q * scale + offset per block of 32 inputs, q in 0..15. Column tiles of 8 outputs; each tile's blocks in
-order; a tile-block holds 4 column pairs of 32 bytes (input i of column 2p in byte i's low nibble, of column 2p+1 in
-its high nibble), then the 8 columns' fp16 scales, then their fp16 offsets. Symmetric weights (zero point 8, no
-offset: GGUF's Q4_0, round to nearest here) leave the offsets out and the kernel uses -8 * scale.
+A weight is q * scale + offset per block of 32 inputs, q in 0..15. Panels of 16 output columns; a panel holds each
+block's 256 bytes of nibbles in order (chunk h of 64 bytes: byte 4c + i has column c's input 8h + i in its low
+nibble and input 8h + 4 + i in its high nibble), then the fp16 scales [block][column], then the fp16 offsets.
+Symmetric weights (zero point 8, no offset: GGUF's Q4_0, round to nearest here) leave the offsets out and the kernel
+uses -8 * scale.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import numpy as np
 from ..block_weights import BlockWeight
 
 BLOCK = 32
-TILE = 8
+PANEL = 16
+LAYOUT = 2  # the Int4Gemm operator's `layout` attribute (csrc/q4gemm.h kLayoutVersion)
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -50,15 +52,15 @@ def pack_int4(bw: BlockWeight) -> PackedInt4:
     for name, values in (("scale", scales), ("offset", offsets)):
         if values is not None and (not np.all(np.isfinite(values)) or np.abs(values).max(initial=0) > FP16_MAX):
             raise ValueError(f"a block {name} is not finite or beyond fp16's range")
-    tiles = -(-n // TILE)
-    pad = tiles * TILE - n
-    q = np.pad(bw.q, ((0, pad), (0, 0), (0, 0))).reshape(tiles, TILE, blocks, BLOCK)
-    pairs = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)  # [tiles, 4, blocks, 32]
-    parts = [pairs.transpose(0, 2, 1, 3).reshape(tiles, blocks, TILE * BLOCK // 2)]
+    panels = -(-n // PANEL)
+    pad = panels * PANEL - n
+    q = np.pad(bw.q, ((0, pad), (0, 0), (0, 0))).reshape(panels, PANEL, blocks, 4, 2, 4)  # [.., chunk, half, input]
+    nibbles = (q[..., 0, :] | (q[..., 1, :] << 4)).astype(np.uint8)  # [panels, column, block, chunk, input]
+    parts = [nibbles.transpose(0, 2, 3, 1, 4).reshape(panels, blocks * PANEL * BLOCK // 2)]
     for values in (scales, offsets):
         if values is not None:
-            halves = np.pad(values, ((0, pad), (0, 0))).reshape(tiles, TILE, blocks).transpose(0, 2, 1)
-            parts.append(np.ascontiguousarray(halves).astype(np.float16).view(np.uint8))
+            halves = np.pad(values, ((0, pad), (0, 0))).reshape(panels, PANEL, blocks).transpose(0, 2, 1)
+            parts.append(np.ascontiguousarray(halves).astype(np.float16).view(np.uint8).reshape(panels, -1))
     data = np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1)
     return PackedInt4(data, n, bw.k, not symmetric)
 

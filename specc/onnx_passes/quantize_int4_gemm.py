@@ -18,7 +18,7 @@ import numpy as np
 
 from ..block_weights import BlockWeight, exact_match, quantize_rtn
 from ..kernels import DOMAIN, OP, active_isa, register_with
-from ..kernels.pack import BLOCK, pack_int4, packable
+from ..kernels.pack import BLOCK, LAYOUT, pack_int4, packable
 from .base import OnnxPass, OnnxProperty
 from .kernel_rows import rows_match_small_passes
 from .linear_layers import (LINEARS_QUANTISED, WEIGHT_TRANSPOSES_FOLDED, QuantConfig, merge_shared_input_linears,
@@ -53,7 +53,7 @@ class QuantizeInt4Gemm(OnnxPass):
             init = numpy_helper.from_array(packed.data, f"{base}.int4")
             model.graph.initializer.append(init)
             op = helper.make_node(OP, [node.input[0], init.name], [base], name=f"{node.name}.int4", domain=DOMAIN,
-                                  N=packed.n, K=packed.k, offsets=int(packed.offsets))
+                                  N=packed.n, K=packed.k, offsets=int(packed.offsets), layout=LAYOUT)
             return [op], "+".join(sorted(set(sources))), packed.data.nbytes
 
         counts, weight_bytes = replace_linear_layers(model, config, replace)
@@ -73,7 +73,7 @@ def rows_independent_of_pass_size(k: int = 1536, n: int = 256) -> bool:
 
     rng = np.random.default_rng(0)
     packed = pack_int4(quantize_rtn(rng.normal(size=(n, k)).astype(np.float32), 4, BLOCK, True))
-    node = helper.make_node(OP, ["x", "W"], ["y"], domain=DOMAIN, N=n, K=k, offsets=0)
+    node = helper.make_node(OP, ["x", "W"], ["y"], domain=DOMAIN, N=n, K=k, offsets=0, layout=LAYOUT)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", n])],
                               [numpy_helper.from_array(packed.data, "W")])

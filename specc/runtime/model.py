@@ -38,6 +38,7 @@ class Completion:
     stats: dict
     logprobs: list | None = None  # per token, when asked: (token, logprob, [(alternative, logprob)])
     prompt_logprobs: list | None = None
+    error: str | None = None  # finish_reason "error": why this request failed (its own rules, not the batch)
 
 
 class SpecModel:
@@ -158,8 +159,11 @@ class SpecModel:
         stats: dict[int, dict] = {}
         logprobs: dict[int, list] = {}
         prompt_logprobs: dict[int, list] = {}
+        errors: dict[int, str] = {}
         run = RunStats()
         for ev in self.stream([prompts] if single else prompts, run_stats=run, **kwargs):
+            if ev.error is not None:
+                errors[ev.index] = ev.error
             text, ids, reason = collected.setdefault(ev.index, ["", [], None])
             collected[ev.index] = [text + ev.text, ids + ev.token_ids, ev.finish_reason or reason]
             if ev.logprobs is not None:
@@ -169,7 +173,8 @@ class SpecModel:
             if ev.stats is not None:
                 stats[ev.index] = ev.stats
         return Completions([Completion(i, *collected[i], stats=stats[i], logprobs=logprobs.get(i),
-                                       prompt_logprobs=prompt_logprobs.get(i)) for i in sorted(collected)], run)
+                                       prompt_logprobs=prompt_logprobs.get(i), error=errors.get(i))
+                            for i in sorted(collected)], run)
 
     def stream(self, prompts: Seq[str] | Seq[Seq[int]], *, max_new_tokens: int = 64,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
@@ -228,26 +233,24 @@ class SpecModel:
         """A request's host-side rules, validated (None when it asks for none)."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise RequestError(f"logit_bias must be a mapping of token id to bias, got {type(logit_bias).__name__}")
-        bias = []
-        for tok, b in (logit_bias or {}).items():
-            if isinstance(tok, str):
-                if not tok.strip().lstrip("-").isdigit():
-                    raise RequestError(f"logit_bias: key {tok!r} is not a token id")
-                tok = int(tok)
-            bias.append((tok, b))
+        bias = _bias_pairs(logit_bias or {})
         rules = Rules(presence_penalty, frequency_penalty, repetition_penalty, tuple(sorted(bias, key=lambda x: str(x[0]))),
                       logprobs, bool(prompt_logprobs), None if json_schema is None else schema_text(json_schema),
                       structural_tag)
         rules = rules.validate(self.target.dims.vocab_size)
+        # compiled here, in the request's thread (a grammar thread of its own, bounded by a time limit), so a
+        # request's row never waits for it on the engine thread
         if rules.json_schema is not None:
-            self.grammars.compile(rules.json_schema)  # a schema the library cannot compile fails here
-        if rules.structural_tag is not None:
-            self.grammars.compile_tag(rules.structural_tag)
+            rules = dataclasses.replace(rules, grammar=self.grammars.compile(rules.json_schema))
+        elif rules.structural_tag is not None:
+            rules = dataclasses.replace(rules, grammar=self.grammars.compile_tag(rules.structural_tag))
         return rules if rules.any else None
 
     def new_request(self, index: int, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-                    seed: int, stop: Seq[str] = (), k: int = 0, rules: Rules | None = None) -> Request:
-        """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead)."""
+                    seed: int, stop: Seq[str] = (), k: int = 0, rules: Rules | None = None,
+                    cache_domain: bytes = b"") -> Request:
+        """A validated request, ready for `Scheduler.submit`; k: tokens drafted per round (Scheduler.lookahead);
+        cache_domain: the prefix cache's isolation domain (requests share cached prefixes only within one)."""
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
@@ -270,11 +273,12 @@ class SpecModel:
                 raise RequestError("this bundle accepts drafts inside its target graph (speculation.verify_head), so "
                                    "its logits never reach the host: logprobs, penalties, logit_bias and structured "
                                    "output need a bundle compiled without the verification head")
-            matcher = (self.grammars.matcher(rules.json_schema) if rules.json_schema is not None else
-                       self.grammars.tag_matcher(rules.structural_tag) if rules.structural_tag is not None else None)
+            matcher = (self.grammars.matcher(rules.json_schema, rules.grammar) if rules.json_schema is not None else
+                       self.grammars.tag_matcher(rules.structural_tag, rules.grammar)
+                       if rules.structural_tag is not None else None)
             rule = RowRule(rules, prompt_ids, self.target.dims.vocab_size, matcher)
         return Request(index, list(prompt_ids), max_new_tokens, params, torch.Generator().manual_seed(seed),
-                       TextStream(self.tokenizer, tuple(stop)), rule=rule)
+                       TextStream(self.tokenizer, tuple(stop)), rule=rule, cache_domain=bytes(cache_domain))
 
     def encode(self, prompts, chat: bool = False) -> list[list[int]]:
         """Token ids of each prompt (strings, or token-id lists checked against the vocabulary)."""
@@ -369,6 +373,26 @@ class Completions(list):
 
 
 MAX_SEED = 2**64 - 1  # a torch generator's seed range (and the Triton interface's UINT64 seed)
+
+
+def _bias_pairs(logit_bias: dict) -> list[tuple[int, object]]:
+    """(token id, bias) of a logit_bias mapping whose keys are ids or their decimal strings ("7"); two keys
+    naming one id ("7" and "07") are refused rather than one silently winning."""
+    pairs: dict[int, str] = {}
+    out = []
+    for key, b in logit_bias.items():
+        tok = key
+        if isinstance(key, str):
+            if not (key.isascii() and key.isdigit() and len(key) <= 12):
+                raise RequestError(f"logit_bias: key {escape_control(key[:40])!r} is not a token id; allowed decimal "
+                                   "digits naming an id of the vocabulary, e.g. \"1234\"")
+            tok = int(key)
+        if _is_int(tok) and tok in pairs:
+            raise RequestError(f"logit_bias: keys {pairs[tok]!r} and {key!r} both name token {tok}; give each id once")
+        if _is_int(tok):
+            pairs[tok] = key
+        out.append((tok, b))
+    return out
 
 
 def _is_int(value) -> bool:

@@ -24,9 +24,10 @@ import torch
 BLOCK = 64  # tokens per cached block: a chat turn's prefix is reused up to its last whole block
 
 
-def block_keys(tokens: list[int], n_blocks: int) -> list[bytes]:
-    """The keys of the first n_blocks whole blocks of tokens (each names the whole prefix up to its end)."""
-    keys, prev = [], b""
+def block_keys(tokens: list[int], n_blocks: int, domain: bytes = b"") -> list[bytes]:
+    """The keys of the first n_blocks whole blocks of tokens (each names the whole prefix up to its end, in
+    its isolation domain: a prefix stored in one domain is never found from another)."""
+    keys, prev = [], hashlib.blake2b(domain, digest_size=16).digest() if domain else b""
     for i in range(n_blocks):
         chunk = array("q", tokens[i * BLOCK:(i + 1) * BLOCK]).tobytes()
         prev = hashlib.blake2b(prev + chunk, digest_size=16).digest()
@@ -51,14 +52,14 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_bytes > 0
 
-    def match(self, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The cached blocks that start `tokens`, longest first run of them; at least one token is left
-        uncached, since the prefill must compute the last prompt token's logits."""
+    def match(self, tokens: list[int], domain: bytes = b"") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached blocks that start `tokens` in `domain`, longest first run of them; at least one token
+        is left uncached, since the prefill must compute the last prompt token's logits."""
         if not self.enabled:
             return []
         found = []
         with self._lock:
-            for key in block_keys(tokens, (len(tokens) - 1) // BLOCK):
+            for key in block_keys(tokens, (len(tokens) - 1) // BLOCK, domain):
                 block = self.blocks.get(key)
                 if block is None:
                     break
@@ -68,12 +69,12 @@ class PrefixCache:
             self.hits += len(found) * BLOCK
         return found
 
-    def store(self, tokens: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keep the whole blocks of one row's committed KV: k, v `[L, H, S, D]` hold tokens[:S]."""
+    def store(self, tokens: list[int], k: torch.Tensor, v: torch.Tensor, domain: bytes = b"") -> None:
+        """Keep the whole blocks of one row's committed KV in `domain`: k, v `[L, H, S, D]` hold tokens[:S]."""
         if not self.enabled:
             return
         n = min(len(tokens), k.shape[2]) // BLOCK
-        keys = block_keys(tokens, n)
+        keys = block_keys(tokens, n, domain)
         with self._lock:
             for i, key in enumerate(keys):
                 if key in self.blocks:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import RequestError
 
+# a penalty p scales logits by 1/p or p: beyond these, float32 logits overflow to inf or collapse to ties
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (completions' logprobs stops at 5; serving checks that)
 
 
@@ -48,16 +50,19 @@ class Rules:
     prompt_logprobs: bool = False
     json_schema: str | None = None
     structural_tag: str | None = None
+    grammar: object = field(default=None, compare=False, repr=False)  # json_schema or structural_tag compiled
+    # (SpecModel.rules, in the request's thread: the engine thread never compiles)
 
     @property
-    def grammar(self) -> bool:
+    def constrained(self) -> bool:
+        """Whether a grammar constrains the output (json_schema or structural_tag)."""
         return self.json_schema is not None or self.structural_tag is not None
 
     @property
     def transforms(self) -> bool:
         """Whether the rules change the distribution (else they only read it)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.grammar)
+                    or self.logit_bias or self.constrained)
 
     @property
     def any(self) -> bool:
@@ -69,8 +74,9 @@ class Rules:
             if not _real(v) or not -2 <= v <= 2:
                 raise RequestError(f"{name} must be a number in [-2, 2], got {v!r}")
         r = self.repetition_penalty
-        if not _real(r) or not 0 < r <= 10:
-            raise RequestError(f"repetition_penalty must be a number in (0, 10] (1 = off), got {r!r}")
+        if not _real(r) or not MIN_REPETITION_PENALTY <= r <= MAX_REPETITION_PENALTY:
+            raise RequestError(f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY:g}, "
+                               f"{MAX_REPETITION_PENALTY:g}] (1 = off), got {r!r}")
         for tok, bias in self.logit_bias:
             if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab:
                 raise RequestError(f"logit_bias: token id {tok!r} is outside the vocabulary [0, {vocab})")
@@ -122,12 +128,24 @@ class RowRule:
             return False
         return m.accept_token(token)
 
-    def commit(self, tokens: list[int]) -> None:
-        """The row emitted these tokens: advance the grammar over them."""
-        if self.matcher is not None:
-            for t in tokens:
-                if not self.matcher.accept_token(t):
-                    raise RuntimeError(f"the grammar refused token {t} the target chose under its mask")
+    def commit(self, tokens: list[int], stopped: bool = False) -> str | None:
+        """The row emitted these tokens, then a stop token when `stopped`: advance the grammar over them.
+        Returns why the output breaks the grammar (it refused a token, or it stopped incomplete where the
+        masks left nothing else), for the runtime to fail this request alone; None when it holds."""
+        if self.matcher is None:
+            return None
+        what = "json_schema" if self.rules.structural_tag is None else "structural_tag"
+        for t in tokens:
+            if not self.matcher.accept_token(t):
+                return f"{what}: the grammar refused token {t} the target chose under its mask"
+        if stopped and not self.matcher.stop_allowed():
+            if self.rules.structural_tag is not None:
+                return ("structural_tag: the output reached a point where the tool-call grammar allows no token the "
+                        "model can write, so no valid output exists from there")
+            return ("json_schema: the output reached a point where the schema allows only raw control characters, "
+                    "which compact JSON forbids (a pattern that needs a tab or newline inside a string is one), so "
+                    "no valid output exists from there")
+        return None
 
     def apply(self, logits: torch.Tensor, out: list[int], drafts: list[int], start: int = 0) -> torch.Tensor:
         """logits [n, V] at positions start..start+n-1 of a round; position j follows out + drafts[:j]."""

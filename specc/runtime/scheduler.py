@@ -40,11 +40,12 @@ class StreamEvent:
     text: str  # newly released text
     token_ids: list[int]  # newly generated tokens
     finished: bool = False
-    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", or "cancelled" (Scheduler.cancel)
+    finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "cancelled" (Scheduler.cancel), "error"
     stats: dict | None = None  # the request's speculation stats, on its last event
     logprobs: list | None = None  # per token of token_ids: (token, logprob, [(alternative, logprob)]) when asked
     prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's (the first token's logprob None)
     cached_tokens: int | None = None  # prompt tokens the prefix cache supplied, on the request's first event
+    error: str | None = None  # why the request failed (finish_reason "error"): its own rules broke, not the batch
 
 
 class Scheduler:
@@ -226,7 +227,7 @@ class Scheduler:
         cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
         echo = any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests)
         prefix = self.model.prefix_cache if self._prefix_cache_usable and not echo else None  # echo reads every prompt row
-        found = [prefix.match(r.prompt) if prefix is not None else [] for r in requests]
+        found = [prefix.match(r.prompt, r.cache_domain) if prefix is not None else [] for r in requests]
         # room for the cached prefixes only: each chunk grows the cache by what it enters (Prefill.step), as the
         # graphs attend over the whole capacity and a cache sized for the whole prompt would tax every chunk
         cache.ensure(max(len(blocks) for blocks in found) * PREFIX_BLOCK + 1)
@@ -258,7 +259,9 @@ class Scheduler:
         if self._prefix_cache_usable:
             for b in rows:
                 n = int(batch.cache.lengths[b])
-                self.model.prefix_cache.store(batch.seqs[b].tokens[:n], batch.cache.k[:, b, :, :n], batch.cache.v[:, b, :, :n])
+                seq = batch.seqs[b]
+                self.model.prefix_cache.store(seq.tokens[:n], batch.cache.k[:, b, :, :n], batch.cache.v[:, b, :, :n],
+                                              seq.cache_domain)
 
     # -- joining and leaving ----------------------------------------------------------------
     def _finished(self, seq: Request) -> None:
@@ -323,10 +326,10 @@ class Scheduler:
         logprobs of rows that asked)."""
         events, keep = [], []
         for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
-            taken = []
+            taken, eos = [], False
             for t in toks:
                 if t in self.model.eos_ids:
-                    seq.finish_reason = "stop"
+                    seq.finish_reason, eos = "stop", True
                     break
                 taken.append(t)
                 if len(seq.out) + len(taken) >= seq.max_new_tokens:
@@ -339,15 +342,15 @@ class Scheduler:
                 seq.finish_reason = "stop"
                 del seq.out[seq.text.stop_end(seq.out, before + 1):]
                 taken = seq.out[before:]
-            if seq.rule is not None:
-                seq.rule.commit(taken)
+            if seq.rule is not None and (error := seq.rule.commit(taken, eos)) is not None:
+                seq.finish_reason, seq.error = "error", error  # this request fails; the batch goes on
             self.stats.new_tokens += len(taken)
             done = seq.finish_reason is not None
             if text or taken or done:
                 events.append(StreamEvent(seq.index, text, taken, done, seq.finish_reason,
                                           seq.stats.to_dict() if done else None,
                                           logprobs[b][:len(taken)] if logprobs and logprobs[b] is not None else None,
-                                          prompt_logprobs[b] if prompt_logprobs else None))
+                                          prompt_logprobs[b] if prompt_logprobs else None, error=seq.error))
             if done:
                 self.stats.speculation.merge(seq.stats)
                 self._store_prefixes(batch, [b])

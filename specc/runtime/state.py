@@ -34,6 +34,8 @@ class Request:
     rule: RowRule | None = None  # penalties, logit_bias, grammar, logprobs (runtime/rules.py)
     draft_memo: dict = field(default_factory=dict)  # what a drafter keeps for this request whatever batch it is in
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    cache_domain: bytes = b""  # the prefix cache's isolation domain: prefixes are shared only within one
+    error: str | None = None  # why it failed (finish_reason "error"), e.g. its grammar reached a dead end
 
     @property
     def tokens(self) -> list[int]:

@@ -16,14 +16,15 @@ from ..errors import SpeccError
 
 
 def serve(bundle: str | Path, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
-          api_key: str | None = None, k: int | str | None = "auto", speculative: bool = True,
+          api_key: str | list[str] | None = None, k: int | str | None = "auto", speculative: bool = True,
           max_batch: int | None = None, max_queue: int = 256, verify: bool = True,
           expect_id: str | None = None, trust_code: bool = False, chat_template: str | Path | None = None,
           shutdown_timeout: float = 20.0, max_body_mb: float = 8.0, warm: list[str] | None = None,
           prefix_cache_mb: int | None = None, prefill_chunk: int | None = None) -> None:
     """Load a bundle and serve it until SIGTERM or Ctrl-C, then drain (`DrainingServer`); warm: earlier
-    outputs for a suffix drafter's cache; prefix_cache_mb: the prefix cache's budget (None: the runtime's
-    default, 0: off); prefill_chunk: prompt tokens per prefill pass."""
+    outputs for a suffix drafter's cache; api_key: one key or several (each its own prefix-cache domain);
+    prefix_cache_mb: the prefix cache's budget (None: the runtime's default, 0: off); prefill_chunk: prompt
+    tokens per prefill pass."""
     try:
         import uvicorn
 

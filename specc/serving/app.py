@@ -39,14 +39,17 @@ OPEN_PATHS = ("/health", "/metrics")  # answered without the API key and while d
 STOP_FLUSH_S = 5.0  # after the grace period, how long ended requests get to send their last chunk
 
 
-def check_server_settings(name: str, api_key: str | None) -> None:
-    """The served model name must be printable text and an API key a non-empty bearer token: an empty key
-    (say, from an unset variable) would let through every client that sends an empty one."""
+def check_server_settings(name: str, api_key: str | list[str] | None) -> list[str]:
+    """The served model name must be printable text and each API key a non-empty bearer token: an empty key
+    (say, from an unset variable) would let through every client that sends an empty one. Returns the keys."""
     if not isinstance(name, str) or not name or not name.isprintable():
         raise SpeccError(f"--name {name!r}: allowed a non-empty printable model name")
-    if api_key is not None and not (api_key and all("!" <= c <= "~" for c in api_key)):
-        raise SpeccError("--api-key (or SPECC_API_KEY): empty or not a bearer token; allowed visible ASCII "
-                         "characters without spaces, or no key at all to serve without authorization")
+    keys = [] if api_key is None else [api_key] if isinstance(api_key, str) else list(api_key)
+    for key in keys:
+        if not (isinstance(key, str) and key and all("!" <= c <= "~" for c in key)):
+            raise SpeccError("--api-key (or SPECC_API_KEY): empty or not a bearer token; allowed visible ASCII "
+                             "characters without spaces, or no key at all to serve without authorization")
+    return keys
 
 
 class ServingState:
@@ -64,8 +67,8 @@ class Guard:
     with an API key, 401 without it on every other route (the OpenAPI schema and unknown paths included,
     so the key also hides which routes exist); counts the requests in flight for the drain."""
 
-    def __init__(self, app, *, api_key: str | None, state: ServingState, fail):
-        self.app, self.api_key, self.state, self.fail = app, api_key, state, fail
+    def __init__(self, app, *, api_keys: list[str], state: ServingState, fail):
+        self.app, self.api_keys, self.state, self.fail = app, api_keys, state, fail
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -74,27 +77,35 @@ class Guard:
             error = APIError(503, "the server is shutting down and takes no new requests; retry on another instance",
                              type="server_error", code="shutting_down", headers={"Retry-After": "5", "Connection": "close"})
             return await self.fail(error.status, error.body(), error.headers)(scope, receive, send)
-        if self.api_key is not None and not self._authorized(scope):
+        key = self._key(scope)
+        if self.api_keys and key is None:
             error = APIError(401, "invalid or missing API key (send the header Authorization: Bearer KEY)",
                              type="authentication_error", code="invalid_api_key")
             return await self.fail(error.status, error.body(), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        scope.setdefault("state", {})["api_key_index"] = key  # the client's prefix-cache domain
         self.state.requests += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.state.requests -= 1
 
-    def _authorized(self, scope) -> bool:
+    def _key(self, scope) -> int | None:
+        """Which configured key the request carries (every key compared, in constant time each)."""
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return secrets.compare_digest(given, f"Bearer {self.api_key}".encode())
+        found = None
+        for i, key in enumerate(self.api_keys):
+            if secrets.compare_digest(given, f"Bearer {key}".encode()):
+                found = i
+        return found
 
 
 def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "auto", speculative: bool = True,
-               max_batch: int | None = None, max_queue: int = 256, api_key: str | None = None, log=print,
+               max_batch: int | None = None, max_queue: int = 256, api_key: str | list[str] | None = None, log=print,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """An app serving `model`; the engine thread starts with the app (its lifespan) and stops with it.
+    api_key: one key or several (each client key is its own prefix-cache domain).
     `app.state.drain(timeout)` is the graceful shutdown (serving.serve calls it on SIGTERM)."""
-    check_server_settings(name, api_key)
+    api_keys = check_server_settings(name, api_key)
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise SpeccError(f"--max-body-mb: allowed at least 1 KiB of request body, got {max_body_bytes!r} bytes")
     engine = AsyncEngine(model, k=k, speculative=speculative, max_batch=max_batch, max_queue=max_queue, log=log)
@@ -119,7 +130,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         metrics.errors.labels(status=str(status)).inc()
         return JSONResponse(body, status_code=status, headers=headers)
 
-    app.add_middleware(Guard, api_key=api_key, state=state, fail=fail)
+    app.add_middleware(Guard, api_keys=api_keys, state=state, fail=fail)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -208,9 +219,11 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                 engine.check_length(prompt, chat, p)
         default_max = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
         seed = req.seed if req.seed is not None else secrets.randbits(62)
+        check_seed(seed, len(prompts) * req.n)
         job = Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n,
                   rules=rules, echo=not chat and req.echo, events_streamed=bool(req.stream),
-                  tools=tools.tools if tools else None)
+                  tools=tools.tools if tools else None,
+                  cache_domain=cache_domain(request.scope.get("state", {}).get("api_key_index"), req.cache_salt))
         try:
             await asyncio.get_running_loop().run_in_executor(heavy if large else light, engine.prepare, job)
         except (APIError, SpeccError):
@@ -230,7 +243,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
             if isinstance(admitted, (APIError, Failed)):
                 raise admitted if isinstance(admitted, APIError) else _api_error_of(admitted)
             prompt_tokens = sum(admitted.prompt_tokens[::req.n])
-            reply = Reply(job, name, chat, start, prompt_tokens, metrics, model.tokenizer,
+            reply = Reply(job, name, chat, start, prompt_tokens, metrics, model.tokenizer, model.grammars.decoded,
                           ToolReply(tools, len(job.indices)) if tools and tools.parses else None)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -242,6 +255,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     return Response(status_code=499)
                 if isinstance(item, Failed):
                     raise _api_error_of(item)
+                if item.error is not None:
+                    raise _request_failed(item.error)
                 reply.add(item)
             return reply.whole()
         finally:
@@ -252,8 +267,11 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
 
     def request_rules(req, chat: bool):
         """The request's penalties, logit_bias, logprobs, response_format and tools as runtime rules, and its
-        tools' plan (serving/tools.py); 400s name the field."""
+        tools' plan (serving/tools.py); 400s name the field. Both grammars (a schema, the tools' structural tag)
+        compile here, in this worker thread (runtime/grammar.py), never on the engine's."""
         tools = plan_tools(req, model.tokenizer) if chat else None
+        if chat and req.top_logprobs is not None:
+            model.grammars.decode_vocab()  # each token's own bytes, for logprobs' "bytes" (once, off the event loop)
         try:
             return model.rules(json_schema=req.json_schema(), presence_penalty=req.presence_penalty,
                                frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
@@ -262,18 +280,24 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                                structural_tag=tools.tag if tools else None), tools
         except RequestError as exc:
             field = str(exc).split(" ")[0].rstrip(":")
-            field = {"json_schema": "response_format", "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
+            field = {"json_schema": "response_format", "structural_tag": "tools",
+                     "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
             raise APIError(400, str(exc), field) from None
 
     async def next_item(job: Job, request: Request):
-        """The job's next message; None (and the job cancelled) if the client went away while waiting."""
+        """The job's next message; None (and the job cancelled) once the client has gone away, which is
+        looked at every DISCONNECT_POLL_S whether or not messages keep coming."""
         while True:
-            try:
-                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
+            now = time.monotonic()
+            if now - job.polled >= DISCONNECT_POLL_S:
+                job.polled = now
                 if await request.is_disconnected():
                     engine.cancel(job)
                     return None
+            try:
+                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
 
     async def stream(reply: "Reply", include_usage: bool):
         try:
@@ -282,8 +306,9 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     yield json.dumps(reply.chunk([choice(i, "", None, True, True, first=True)]))
             while not reply.done:
                 item = await reply.job.events.get()
-                if isinstance(item, Failed):  # the engine failed, or the server is shutting down
-                    error = _api_error_of(item)
+                if isinstance(item, Failed) or item.error is not None:  # the engine failed, the server is
+                    # shutting down, or this request's own rules broke
+                    error = _api_error_of(item) if isinstance(item, Failed) else _request_failed(item.error)
                     metrics.errors.labels(status=str(error.status)).inc()
                     yield json.dumps(error.body())
                     yield "[DONE]"
@@ -338,6 +363,30 @@ def _merge(whole: dict | None, part: dict) -> dict:
     return whole
 
 
+def check_seed(seed: int, sequences: int) -> None:
+    """Sequence i of a request samples with seed + i: APIError 400 (quoting the client's seed) when the last
+    one would pass 2**64 - 1."""
+    top = (1 << 64) - 1
+    if seed + sequences - 1 > top:
+        raise APIError(400, f"seed: {seed} with {sequences} sequences (prompts x n): sequence i samples with seed + i, "
+                            f"so the seed may be at most {top - sequences + 1} here", "seed")
+
+
+def cache_domain(key_index: int | None, salt: str | None) -> bytes:
+    """The prefix-cache isolation domain of a request: the API key it came with (when several are
+    configured, each is its own) and its cache_salt; requests share cached prefixes only within one."""
+    if key_index is None and salt is None:
+        return b""
+    return json.dumps([key_index, salt]).encode()
+
+
+def _request_failed(message: str) -> APIError:
+    """This request's own rules failed while it ran (its schema, or its tools' grammar, admits no output from
+    where it got; runtime/rules.RowRule.commit says which in the message's first word)."""
+    param = "tools" if message.startswith("structural_tag") else "response_format"
+    return APIError(400, message, param, code="unsatisfiable_schema")
+
+
 def _shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:
     return APIError(503, message, type="server_error", code="shutting_down", headers={"Retry-After": "5"})
 
@@ -352,9 +401,10 @@ class Reply:
     """The choices of one request as its events arrive; latency metrics on the way."""
 
     def __init__(self, job: Job, model: str, chat: bool, start: float, prompt_tokens: int, metrics, tokenizer=None,
-                 tools: ToolReply | None = None):
+                 token_bytes: list[bytes] | None = None, tools: ToolReply | None = None):
         self.job, self.model, self.chat, self.start, self.metrics = job, model, chat, start, metrics
-        self.tokenizer, self.tools = tokenizer, tools  # tools: the choices are read for tool calls
+        self.tokenizer, self.token_bytes = tokenizer, token_bytes
+        self.tools = tools  # the choices are read for tool calls
         self.logprobs: list[list] = [[] for _ in job.indices]  # (token, logprob, alternatives) per choice
         self.offsets = [0] * len(job.indices)  # text offset of the next token, per choice (completions' logprobs)
         self.echoed = [False] * len(job.indices)
@@ -406,8 +456,10 @@ class Reply:
         return i, ev
 
     def echo_text(self, i: int) -> str:
+        """The prompt as text, decoded as generated text is (special tokens write nothing), so that logprobs'
+        text_offset, which moves by the text each token adds, indexes it."""
         prompt = self.job.prompts[i // self.job.n]
-        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=True)
 
     def piece(self, i: int, ev: StreamEvent) -> tuple[str, dict | None]:
         """A streamed event's text (the prompt first, under echo) and its logprobs object."""
@@ -420,7 +472,7 @@ class Reply:
         wanted = ev.logprobs is not None or ev.prompt_logprobs is not None
         if not wanted:
             return text, None
-        obj, self.offsets[i] = logprobs_object(entries, self.tokenizer, self.chat, self.offsets[i])
+        obj, self.offsets[i] = logprobs_object(entries, self.tokenizer, self.chat, self.offsets[i], self.token_bytes)
         return text, obj
 
     def usage(self) -> dict:

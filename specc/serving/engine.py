@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -52,6 +53,8 @@ class Job:
     events_streamed: bool = False  # the reply streams each event (else the handler assembles the whole)
     prepared: bool = False  # prompts are token ids already (`AsyncEngine.prepare`)
     tools: list[dict] | None = None  # chat: the tools the chat template renders (serving/tools.py)
+    cache_domain: bytes = b""  # the prefix cache's isolation domain (the API key, cache_salt)
+    polled: float = field(default_factory=time.monotonic)  # when the handler last looked for a disconnect
 
 
 @dataclass
@@ -178,7 +181,7 @@ class AsyncEngine(EngineThread):
             for j in range(job.n):
                 index = job.indices[p * job.n + j]
                 seqs.append(m.new_request(index, ids, max_tokens, job.params, job.seed + p * job.n + j, job.stop,
-                                           k=lookahead, rules=job.rules))
+                                           k=lookahead, rules=job.rules, cache_domain=job.cache_domain))
         return seqs
 
     # -- prompts (a thread pool's side: `prepare`) ---------------------------------------------

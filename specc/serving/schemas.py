@@ -11,10 +11,12 @@ ignored, as OpenAI-compatible servers do. Penalties, logit_bias, logprobs, echo 
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal, Union
 
+from ..runtime.rules import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .tool_schemas import MAX_TOOLS, Tool, ToolCall, check_tool_choice
@@ -106,10 +108,13 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0, le=10, description="extension (as in vLLM): 1 = off")
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY,
+                                      description="extension (as in vLLM): 1 = off")
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100], checked by the model
     response_format: ResponseFormat | None = None
     user: str | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256, description="extension (as in vLLM): "
+                                   "prompts share the prefix cache only with requests of the same salt")
 
     def json_schema(self):
         """What response_format asks the grammar for: None, "json_object" or the schema (a dict)."""
@@ -309,24 +314,39 @@ def choice(index: int, text: str, finish_reason: str | None, chat: bool, chunk: 
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def logprobs_object(entries: list[tuple], tokenizer, chat: bool, offset: int = 0) -> tuple[dict, int]:
+LOGPROB_FLOOR = -9999.0  # a token the rules forbid has probability 0 (logprob -inf); OpenAI reports -9999.0
+
+
+def logprobs_object(entries: list[tuple], tokenizer, chat: bool, offset: int = 0,
+                    token_bytes: list[bytes] | None = None) -> tuple[dict, int]:
     """OpenAI's logprobs object of (token, logprob, [(alternative, logprob)]) entries (a logprob of None: the
-    prompt's first token) and the text offset after them. Chat: {"content": [...]}; completions: tokens,
-    token_logprobs, top_logprobs, text_offset (the sampled token is always among its top_logprobs, as in vLLM)."""
+    prompt's first token) and the text offset after them. Chat: {"content": [...]} with each token's own bytes
+    (token_bytes, else its text's); completions: tokens, token_logprobs, top_logprobs, text_offset (the offset
+    moves by the text the token adds to the output, special tokens adding none; the sampled token is always
+    among its top_logprobs, as in vLLM). Every number is finite: -inf is LOGPROB_FLOOR, and alternatives the
+    rules forbid (logprob -inf) are left out."""
     def text(t):
         return tokenizer.decode([t])
 
+    entries = [(t, _finite(lp), [(a, alp) for a, alp in alts if math.isfinite(alp)]) for t, lp, alts in entries]
     if chat:
         def item(t, lp):
             s = text(t)
-            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            raw = token_bytes[t] if token_bytes is not None and 0 <= t < len(token_bytes) else s.encode("utf-8")
+            return {"token": s, "logprob": lp, "bytes": list(raw)}
         return {"content": [{**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in alts]}
                             for t, lp, alts in entries]}, offset
     tokens, offsets = [], []
     for t, _, _ in entries:
         tokens.append(text(t))
         offsets.append(offset)
-        offset += len(tokens[-1])
+        offset += len(tokenizer.decode([t], skip_special_tokens=True))
     tops = [None if lp is None else {**{text(a): alp for a, alp in alts}, text(t): lp} for t, lp, alts in entries]
     return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries], "top_logprobs": tops,
             "text_offset": offsets}, offset
+
+
+def _finite(logprob: float | None) -> float | None:
+    if logprob is None or math.isfinite(logprob):
+        return logprob
+    return LOGPROB_FLOOR if logprob < 0 else 0.0

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import RequestError
-from ..runtime.grammar import schema_ebnf
+from ..runtime.grammar import check_schema, schema_ebnf
 from .schemas import APIError
 from .tool_formats import FORMATS, Arguments, CallParser, CallStart, Content, ToolFormat, detect, structural_tag
 from .tool_schemas import CHOICES, Tool
@@ -70,7 +70,7 @@ def plan(req, tokenizer) -> ToolPlan | None:
     if fmt is not None:
         _check_text_markers(fmt, tokenizer)
     parallel = req.parallel_tool_calls is not False
-    tag = None if fmt is None else structural_tag(fmt, _grammars(req.tools), choice, parallel)
+    tag = None if fmt is None else structural_tag(fmt, _grammars(req.tools, choice), choice, parallel)
     return ToolPlan(tools, choice, parallel, fmt, tag)
 
 
@@ -119,15 +119,24 @@ def _check_text_markers(fmt: ToolFormat, tokenizer) -> None:
                             "tool calls only where their markers are text", "tools", code="tool_format_unsupported")
 
 
-def _grammars(tools: list[Tool]) -> list[tuple[str, str]]:
-    """(name, EBNF of its arguments) per tool; a schema the grammar library cannot compile is a 400 naming it."""
+def _grammars(tools: list[Tool], choice: str) -> list[tuple[str, str]]:
+    """(name, EBNF of its arguments) per tool. The schema of each tool that `choice` lets the model call is held
+    to response_format's checks first (runtime/grammar.check_schema: keywords the grammar enforces, size and
+    pattern bounds), so a call never breaks a keyword the grammar could not enforce; that, or a schema the
+    grammar library cannot compile, is a 400 naming the tool's parameters (and the keyword)."""
     out = []
     for i, t in enumerate(tools):
         schema = t.function.parameters if t.function.parameters is not None else {"type": "object"}
+        param = f"tools.{i}.function.parameters"
+        text = json.dumps(schema)
+        if choice in ("auto", "required", t.function.name):
+            try:
+                check_schema(text, name=f"{param}: tool {t.function.name!r}")
+            except RequestError as exc:
+                raise APIError(400, str(exc), param) from None
         try:
-            out.append((t.function.name, schema_ebnf(json.dumps(schema))))
+            out.append((t.function.name, schema_ebnf(text)))
         except RequestError as exc:
-            param = f"tools.{i}.function.parameters"
             raise APIError(400, f"{param}: tool {t.function.name!r}: {exc}", param) from None
     return out
 

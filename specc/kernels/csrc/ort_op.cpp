@@ -1,5 +1,5 @@
 // Int4Gemm (domain ai.specc) for ONNX Runtime: Y [..., N] = X [..., K] times a packed int4 weight (q4gemm.h).
-// Inputs: X float, W uint8 (the packed bytes); attributes N, K, offsets (0 or 1). The kernel is the best this CPU
+// Inputs: X float, W uint8 (the packed bytes); attributes N, K, offsets (0 or 1), layout (kLayoutVersion). The kernel is the best this CPU
 // supports, or the one SPECC_KERNEL_ISA names (scalar, avx2, avxvnni, avx512vnni) where this CPU supports it.
 #include <cstdlib>
 #include <cstring>
@@ -58,7 +58,13 @@ OrtStatus* attribute(const OrtKernelInfo* info, const char* name, int64_t* out) 
 }
 
 OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
-  int64_t n = 0, k = 0, offsets = 0;
+  int64_t n = 0, k = 0, offsets = 0, layout = 0;
+  OrtStatus* missing = attribute(info, "layout", &layout);
+  if (missing != nullptr) slot<void (*)(OrtStatus*)>(kReleaseStatus)(missing);
+  if (layout != specc::kLayoutVersion)
+    return status(kOrtInvalidArgument, "Int4Gemm: these weights are packed in layout " + std::to_string(layout) +
+                                           " but this specc's kernels take layout " +
+                                           std::to_string(specc::kLayoutVersion) + "; compile the bundle again");
   RETURN_IF_ERROR(attribute(info, "N", &n));
   RETURN_IF_ERROR(attribute(info, "K", &k));
   RETURN_IF_ERROR(attribute(info, "offsets", &offsets));

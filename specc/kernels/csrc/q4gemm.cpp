@@ -45,17 +45,17 @@ Isa best_isa() {
 
 namespace {
 
-TileKernel kernel_for(Isa isa) {
+PanelKernel kernel_for(Isa isa) {
 #if defined(__x86_64__)
   switch (isa) {
-    case Isa::kAvx2: return gemm_tiles_avx2;
-    case Isa::kAvxVnni: return gemm_tiles_avxvnni;
-    case Isa::kAvx512Vnni: return gemm_tiles_avx512vnni;
-    default: return gemm_tiles_scalar;
+    case Isa::kAvx2: return gemm_panels_avx2;
+    case Isa::kAvxVnni: return gemm_panels_avxvnni;
+    case Isa::kAvx512Vnni: return gemm_panels_avx512vnni;
+    default: return gemm_panels_scalar;
   }
 #else
   (void)isa;
-  return gemm_tiles_scalar;
+  return gemm_panels_scalar;
 #endif
 }
 
@@ -93,13 +93,10 @@ void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& 
     quantize(x, m * i / row_tasks, m * (i + 1) / row_tasks, l.k, nb, q, d, dsum);
   });
   const QuantizedRows a{q, d, dsum, nb, supers};
-  const TileKernel kernel = kernel_for(isa);
-  const int64_t tiles = l.tiles();
-  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
-  shared_pool().run(tasks, [&](int i) {
-    const int64_t t0 = tiles * i / tasks, t1 = tiles * (i + 1) / tasks;
-    kernel(a, 0, m, w, l, t0, t1, y, l.n);
-  });
+  const PanelKernel kernel = kernel_for(isa);
+  const int64_t panels = l.panels();
+  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, panels)));
+  shared_pool().run(tasks, [&](int i) { kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, y, l.n); });
 }
 
 }  // namespace specc

@@ -3,14 +3,17 @@
 // The arithmetic every kernel performs, in this order (the scalar reference spells it out):
 //   activations: per row and superblock S of 8 blocks (256 inputs; the last may be shorter), d_S = max|x| / 127 and
 //     q = round-half-even(x * (127 / max|x|)); per block b, dsum_b = d_S * float(sum of the block's q);
-//   for each output (row m, column n), eight float lanes j = 0..7; for each superblock S in order, t_j = 0, then for
-//     each block b of S in order: dot_j = sum of q_w * q_x over the block's inputs 4j..4j+3 (exact int32),
-//     t_j = fma(float(dot_j), d_w, t_j); then lane_j = fma(t_j, d_S, lane_j);
-//   the offsets: o = 0, then for each block b in order o = fma(offset_w, dsum_b, o);
-//   y = (((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))) + o.
-// One activation scale per superblock (as llama.cpp's Q8_K) leaves a block one fma per lane; the offsets, one number
-// per block and column, are a second, 32 times smaller product. Each row's result depends on that row and the
-// weights alone, so a row has the same bits in a pass of any size, and every ISA's kernel gives the reference's bits.
+//   for each output (row m, column n): acc = 0; for each superblock S in order, t = 0, then for each block b of S in
+//     order: dot = sum of q_w * q_x over the block's 32 inputs (exact int32), t = fma(float(dot), d_w, t); then
+//     acc = fma(t, d_S, acc);
+//   the offsets: o = 0, then for each block b in order o = fma(offset_w, dsum_b, o) (offset_w = -8 * d_w for
+//     symmetric weights);
+//   y = acc + o.
+// A block's dot is an exact integer whatever the order its products are summed in, so a kernel is free to sum them
+// as its instructions like; the float steps, one per block and one per superblock, are fixed. One activation scale
+// per superblock (as llama.cpp's Q8_K) leaves a block one fma; the offsets are a second product 32 times smaller.
+// Each row's result depends on that row and the weights alone, so a row has the same bits in a pass of any size,
+// and every ISA's kernel gives the reference's bits.
 #pragma once
 
 #include <cstddef>
@@ -18,23 +21,25 @@
 
 namespace specc {
 
-constexpr int kBlock = 32;   // inputs per block
-constexpr int kTile = 8;     // output columns per packed tile
-constexpr int kLanes = 8;    // float lanes per output
-constexpr int kSuper = 8;    // blocks per superblock (one activation scale)
+constexpr int kBlock = 32;        // inputs per block
+constexpr int kPanel = 16;        // output columns per packed panel: one 512-bit register of int32 lanes
+constexpr int kSuper = 8;         // blocks per superblock (one activation scale)
+constexpr int kLayoutVersion = 2; // the Int4Gemm operator's `layout` attribute: bundles packed otherwise are refused
 
-// Packed weights of one [N out, K in] layer: column tiles of 8, each tile's blocks in order. A tile-block holds
-// 4 column pairs of 32 bytes (byte i of pair p: column 2p's input i in the low nibble, column 2p+1's in the high),
-// then 8 fp16 scales, then (with offsets) 8 fp16 offsets. Without offsets a weight is (q - 8) * scale.
+// Packed weights of one [N out, K in] layer: panels of 16 columns (N padded). A panel holds its blocks' nibbles in
+// order, 256 bytes a block: four chunks of 64 bytes, byte 4c + i of chunk h holding column c's input 8h + i in its
+// low nibble and input 8h + 4 + i in its high nibble (i = 0..3), so that the low or the high nibbles of a chunk are
+// the 16 columns' next four inputs, the operand of one vpdpbusd. Then the fp16 scales [block][16 columns], then
+// (with offsets) the fp16 offsets [block][16]. Without offsets a weight is (q - 8) * scale.
 struct Q4Layout {
   int64_t n = 0, k = 0;
   bool offsets = false;
   int64_t blocks() const { return (k + kBlock - 1) / kBlock; }
   int64_t supers() const { return (blocks() + kSuper - 1) / kSuper; }
-  int64_t tiles() const { return (n + kTile - 1) / kTile; }
-  int64_t tile_block_bytes() const { return kTile * kBlock / 2 + kTile * 2 * (offsets ? 2 : 1); }
-  int64_t tile_bytes() const { return blocks() * tile_block_bytes(); }
-  int64_t bytes() const { return tiles() * tile_bytes(); }
+  int64_t panels() const { return (n + kPanel - 1) / kPanel; }
+  int64_t nibble_bytes() const { return blocks() * kPanel * kBlock / 2; }
+  int64_t panel_bytes() const { return nibble_bytes() + blocks() * kPanel * 2 * (offsets ? 2 : 1); }
+  int64_t bytes() const { return panels() * panel_bytes(); }
 };
 
 // Quantised activation rows: q [m][blocks*32], d [m][supers] (per superblock), dsum [m][blocks] (d times the block's
@@ -52,14 +57,15 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
 Isa best_isa();
 
-// y[m0..m1) x columns of tiles [t0, t1): y has row stride ldy; columns past n are not written.
-using TileKernel = void (*)(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l,
-                            int64_t t0, int64_t t1, float* y, int64_t ldy);
+// y[0..m) x columns of panels [p0, p1): y has row stride ldy; columns past n are not written.
+using PanelKernel = void (*)(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
+                             int64_t p1, float* y, int64_t ldy);
 
-void gemm_tiles_scalar(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
-void gemm_tiles_avx2(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
-void gemm_tiles_avxvnni(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
-void gemm_tiles_avx512vnni(const QuantizedRows&, int64_t, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
+void gemm_panels_scalar(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
+void gemm_panels_avx2(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
+void gemm_panels_avxvnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
+void gemm_panels_avx512vnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*,
+                            int64_t);
 
 // Activation quantiser (the same bits on every ISA): rows [m0, m1) of x [*, k] into q, d and dsum as QuantizedRows
 // lays them out.

@@ -1,11 +1,11 @@
-// AVX2 kernel (256-bit): one output column per register of eight lanes; the integer dot of a lane is
-// vpmaddubsw + vpmaddwd (u8 weights below 16 times s8 activations: a pair's sum stays far from int16 saturation),
-// the exact int32 sums the reference defines.
+// AVX2 kernel (256-bit): vpmaddubsw sums a column's products in pairs into int16 lanes, which hold a whole block's
+// sums without saturating (u8 weights below 16 times s8 activations of at most 127 in magnitude: 8 pair sums of at
+// most 3810 each), and one vpmaddwd per block turns them into the exact int32 dots.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
 #include "q4gemm.h"
 
@@ -17,18 +17,20 @@ namespace specc {
 namespace {
 
 struct DotAvx2 {
-  static inline __m256i dot(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+  using Acc = __m256i;
+  static inline __m256i add(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
   }
+  static inline __m256i finish(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 };
 
 #include "q4gemm_avx2.inc"
 
 }  // namespace
 
-void gemm_tiles_avx2(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l, int64_t t0,
-                     int64_t t1, float* y, int64_t ldy) {
-  tiles<DotAvx2>(a, m0, m1, w, l, t0, t1, y, ldy);
+void gemm_panels_avx2(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0, int64_t p1,
+                      float* y, int64_t ldy) {
+  panels<DotAvx2>(a, m, w, l, p0, p1, y, ldy);
 }
 
 #pragma GCC pop_options

@@ -1,11 +1,11 @@
-// AVX-512 VNNI kernel (512-bit): one register holds a column pair, column 2p in lanes 0-7 and 2p+1 in lanes 8-15,
-// so one vpdpbusd gives both columns' exact int32 lane sums for a block and a row. A pair's packed 32 bytes,
-// broadcast to both halves and shifted by 0 or 4 bits per half, are its two columns' weights.
+// AVX-512 VNNI kernel: a register holds one panel's 16 columns as int32 lanes. The low or the high nibbles of a
+// 64-byte chunk are those columns' next four weights, so one vpdpbusd against four activation bytes broadcast adds
+// them to each column's exact block dot. Rows of a pass share every unpacked chunk.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
 #include "q4gemm.h"
 
@@ -16,99 +16,127 @@ namespace specc {
 
 namespace {
 
-#include "q4gemm_tile.inc"
+inline __m512i broadcast4(const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm512_set1_epi32(v);
+}
 
-// Rows [m, m + MR) of one tile, column pairs [p0, p0 + NP): superblock partial sums in registers, lanes in memory.
-// With Offsets it also sums the offsets of all 8 columns into off [MR][8] (in the block loop, where their chain of
-// fmas hides behind the dot products), which the call for the other pairs then reads. Four rows of two pairs keep
-// every operand in registers and unpack each weight once per four rows.
-template <int MR, int NP, bool Offsets>
-inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, const TileScales& sc, const Q4Layout& l,
-                      int p0, float (*off)[kTile], float* y, int64_t ldy, int64_t n0) {
-  const int64_t nb = l.blocks(), tbb = l.tile_block_bytes();
+inline __m512 half16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+#include "q4gemm_prefetch.inc"
+
+// Rows [r0, r0 + MR) times NC consecutive panels from `panel` (columns from n0). Up to six rows of two panels keep
+// the block dots and the superblock partials in registers. Block by block it also prefetches an even share of
+// `ahead` (the bytes the next call will read from memory), so that the loads meet the cache and the
+// stream stays ahead of the arithmetic.
+template <int MR, int NC>
+void panel_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, const Q4Layout& l, float* y, int64_t ldy,
+                int64_t n0, Window ahead) {
+  const int64_t nb = l.blocks(), kb = nb * kBlock, stride = l.panel_bytes(), nibbles = l.nibble_bytes();
   const __m512i low = _mm512_set1_epi8(0x0f);
-  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  __m512i pick[NP];
-  for (int p = 0; p < NP; ++p)
-    pick[p] = _mm512_inserti64x4(_mm512_set1_epi32(2 * (p0 + p)), _mm256_set1_epi32(2 * (p0 + p) + 1), 1);
-  alignas(64) float lanes[MR][NP][16] = {};
-  __m256 offsets[MR];
-  for (int r = 0; r < MR; ++r) offsets[r] = _mm256_setzero_ps();
+  __m512 acc[MR][NC];  // touched once a superblock: the compiler may keep it in memory when registers run short
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t s = 0; s < a.supers; ++s) {
-    __m512 part[MR][NP];
+    __m512 t[MR][NC];
     for (int r = 0; r < MR; ++r)
-      for (int p = 0; p < NP; ++p) part[r][p] = _mm512_setzero_ps();
+      for (int c = 0; c < NC; ++c) t[r][c] = _mm512_setzero_ps();
     const int64_t end = std::min<int64_t>(nb, (s + 1) * kSuper);
     for (int64_t b = s * kSuper; b < end; ++b) {
-      const uint8_t* tb = tile + b * tbb;
-      const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(sc.scale.data() + b * kTile));
-      __m512i w[NP];
-      __m512 dw[NP];
-      for (int p = 0; p < NP; ++p) {
-        const __m512i packed =
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + (p0 + p) * kBlock)));
-        w[p] = _mm512_and_si512(_mm512_srlv_epi16(packed, shifts), low);
-        dw[p] = _mm512_permutexvar_ps(pick[p], s8);
+      ahead.prefetch(b, nb);
+      __m512i dot[MR][NC];
+      for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < NC; ++c) dot[r][c] = _mm512_setzero_si512();
+      const int8_t* xb = a.q + r0 * kb + b * kBlock;
+      for (int h = 0; h < 4; ++h) {
+        for (int c = 0; c < NC; ++c) {
+          const __m512i chunk = _mm512_loadu_si512(panel + c * stride + b * (kPanel * kBlock / 2) + h * 64);
+          const __m512i lo = _mm512_and_si512(chunk, low), hi = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
+          for (int r = 0; r < MR; ++r) {
+            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo, broadcast4(xb + r * kb + 8 * h));
+            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi, broadcast4(xb + r * kb + 8 * h + 4));
+          }
+        }
       }
-      for (int r = 0; r < MR; ++r) {
-        const int64_t row = (m + r) * nb + b;
-        const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + row * kBlock)));
-        for (int p = 0; p < NP; ++p)
-          part[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], x)),
-                                       dw[p], part[r][p]);
-        if (Offsets)
-          offsets[r] = _mm256_fmadd_ps(_mm256_loadu_ps(sc.offset.data() + b * kTile), _mm256_broadcast_ss(a.dsum + row),
-                                       offsets[r]);
+      for (int c = 0; c < NC; ++c) {
+        const __m512 dw = half16(panel + c * stride + nibbles + b * kPanel * 2);
+        for (int r = 0; r < MR; ++r) t[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][c]), dw, t[r][c]);
       }
     }
     for (int r = 0; r < MR; ++r) {
-      const __m512 d = _mm512_set1_ps(a.d[(m + r) * a.supers + s]);
-      for (int p = 0; p < NP; ++p)
-        _mm512_store_ps(lanes[r][p], _mm512_fmadd_ps(part[r][p], d, _mm512_load_ps(lanes[r][p])));
+      const __m512 d = _mm512_set1_ps(a.d[(r0 + r) * a.supers + s]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(t[r][c], d, acc[r][c]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    if (Offsets) _mm256_storeu_ps(off[r], offsets[r]);
-    for (int p = 0; p < NP; ++p) {
-      const int c = 2 * (p0 + p);
-      const __m512 v = _mm512_load_ps(lanes[r][p]);
-      if (n0 + c < l.n) y[(m + r) * ldy + n0 + c] = hsum8(_mm512_castps512_ps256(v)) + off[r][c];
-      if (n0 + c + 1 < l.n) y[(m + r) * ldy + n0 + c + 1] = hsum8(_mm512_extractf32x8_ps(v, 1)) + off[r][c + 1];
+  __m512 o[MR][NC];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NC; ++c) o[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t* scales = panel + c * stride + nibbles;
+      const __m512 off = l.offsets ? half16(scales + (nb + b) * kPanel * 2)
+                                   : _mm512_mul_ps(half16(scales + b * kPanel * 2), _mm512_set1_ps(-8.0f));
+      for (int r = 0; r < MR; ++r) o[r][c] = _mm512_fmadd_ps(off, _mm512_set1_ps(a.dsum[(r0 + r) * nb + b]), o[r][c]);
     }
+  for (int c = 0; c < NC; ++c) {
+    const int64_t n = n0 + c * kPanel, cols = std::min<int64_t>(kPanel, l.n - n);
+    const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
+    for (int r = 0; r < MR; ++r)
+      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + n, keep, _mm512_add_ps(acc[r][c], o[r][c]));
   }
 }
 
-// Rows [m, m + MR) of one tile: up to two rows all four pairs at once, more in two halves (pairs 0-1 with the
-// offsets, then pairs 2-3) to stay within the registers.
+// Rows [r0, r0 + MR) times a group of g panels: a single row takes the group at once (four independent chains to
+// cover vpdpbusd's latency), more rows two panels at a time.
 template <int MR>
-inline void tile_rows(const QuantizedRows& a, int64_t m, const uint8_t* tile, const TileScales& sc, const Q4Layout& l,
-                      float* y, int64_t ldy, int64_t n0) {
-  float off[MR][kTile];
-  if (MR <= 2) {
-    tile_rows<MR, 4, true>(a, m, tile, sc, l, 0, off, y, ldy, n0);
-    return;
+void group_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, int64_t g, const Q4Layout& l, float* y,
+                int64_t ldy, int64_t n0, Window ahead) {
+  if (MR == 1) {
+    switch (g) {
+      case 4: return panel_rows<1, 4>(a, r0, panel, l, y, ldy, n0, ahead);
+      case 3: return panel_rows<1, 3>(a, r0, panel, l, y, ldy, n0, ahead);
+      case 2: return panel_rows<1, 2>(a, r0, panel, l, y, ldy, n0, ahead);
+      default: return panel_rows<1, 1>(a, r0, panel, l, y, ldy, n0, ahead);
+    }
   }
-  tile_rows<MR, 2, true>(a, m, tile, sc, l, 0, off, y, ldy, n0);
-  tile_rows<MR, 2, false>(a, m, tile, sc, l, 2, off, y, ldy, n0);
+  const int64_t calls = (g + 1) / 2;
+  for (int64_t c = 0; c < g; c += 2) {
+    const Window share = ahead.part(c / 2, calls);
+    if (g - c >= 2) panel_rows<MR, 2>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, n0 + c * kPanel, share);
+    else panel_rows<MR, 1>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, n0 + c * kPanel, share);
+  }
+}
+
+// Rows of the next chunk when `left` remain: at most six (the registers' limit), chunks as even as possible.
+inline int64_t chunk_rows(int64_t left) {
+  const int64_t chunks = (left + 5) / 6;
+  return (left + chunks - 1) / chunks;
 }
 
 }  // namespace
 
-void gemm_tiles_avx512vnni(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l,
-                           int64_t t0, int64_t t1, float* y, int64_t ldy) {
-  TileScales sc(l.blocks());
-  const int64_t tile_bytes = l.tile_bytes();
-  for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* tile = w + t * tile_bytes;
-    if (t + kPrefetchTiles < t1)
-      for (int64_t off = 0; off < tile_bytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchTiles * tile_bytes + off), _MM_HINT_T0);
-    sc.load(tile, l);
-    int64_t m = m0;
-    for (; m + 4 <= m1; m += 4) tile_rows<4>(a, m, tile, sc, l, y, ldy, t * kTile);
-    if (m1 - m == 3) tile_rows<3>(a, m, tile, sc, l, y, ldy, t * kTile);
-    if (m1 - m == 2) tile_rows<2>(a, m, tile, sc, l, y, ldy, t * kTile);
-    if (m1 - m == 1) tile_rows<1>(a, m, tile, sc, l, y, ldy, t * kTile);
+void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
+                            int64_t p1, float* y, int64_t ldy) {
+  for (int64_t p = p0; p < p1; p += kGroup) {
+    const int64_t g = std::min(kGroup, p1 - p), n0 = p * kPanel;
+    const uint8_t* panel = w + p * l.panel_bytes();
+    const Window next = next_group(w, l, p + g, p1);
+    for (int64_t r = 0; r < m;) {
+      const int64_t rows = chunk_rows(m - r);
+      const Window ahead = r == 0 ? next : Window{};
+      switch (rows) {
+        case 6: group_rows<6>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        case 5: group_rows<5>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        case 4: group_rows<4>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        case 3: group_rows<3>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        case 2: group_rows<2>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        default: group_rows<1>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+      }
+      r += rows;
+    }
   }
 }
 

@@ -1,10 +1,10 @@
-// AVX-VNNI kernel (256-bit, e.g. Alder Lake, Zen 4/5 without the 512-bit path): the AVX2 kernel with one vpdpbusd
-// for a lane's integer dot.
+// AVX-VNNI kernel (256-bit, e.g. Alder Lake, Zen 4/5 without the 512-bit path): the AVX2 kernel with vpdpbusd
+// adding a block's products straight into int32 lanes.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
 #include "q4gemm.h"
 
@@ -16,16 +16,18 @@ namespace specc {
 namespace {
 
 struct DotAvxVnni {
-  static inline __m256i dot(__m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x); }
+  using Acc = __m256i;
+  static inline __m256i add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+  static inline __m256i finish(__m256i acc) { return acc; }
 };
 
 #include "q4gemm_avx2.inc"
 
 }  // namespace
 
-void gemm_tiles_avxvnni(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l, int64_t t0,
-                     int64_t t1, float* y, int64_t ldy) {
-  tiles<DotAvxVnni>(a, m0, m1, w, l, t0, t1, y, ldy);
+void gemm_panels_avxvnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
+                         int64_t p1, float* y, int64_t ldy) {
+  panels<DotAvxVnni>(a, m, w, l, p0, p1, y, ldy);
 }
 
 #pragma GCC pop_options

@@ -50,38 +50,43 @@ void quantize_rows(const float* x, int64_t m0, int64_t m1, int64_t k, int64_t bl
   }
 }
 
-void gemm_tiles_scalar(const QuantizedRows& a, int64_t m0, int64_t m1, const uint8_t* w, const Q4Layout& l,
-                       int64_t t0, int64_t t1, float* y, int64_t ldy) {
-  const int64_t nb = l.blocks(), tbb = l.tile_block_bytes();
-  for (int64_t t = t0; t < t1; ++t) {
-    const uint8_t* tile = w + t * l.tile_bytes();
-    for (int64_t m = m0; m < m1; ++m) {
-      const int8_t* qx = a.q + m * nb * kBlock;
-      for (int c = 0; c < kTile; ++c) {
-        const int64_t n = t * kTile + c;
-        if (n >= l.n) break;
-        const int shift = (c % 2) * 4;
-        float lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0}, offset = 0.0f;
+namespace {
+
+// Column c's q (0..15) for input i of a block whose nibbles start at `nibbles` (q4gemm.h's panel layout).
+inline int weight_q(const uint8_t* nibbles, int c, int i) {
+  const uint8_t byte = nibbles[(i / 8) * 64 + 4 * c + i % 4];
+  return (i % 8) < 4 ? byte & 15 : byte >> 4;
+}
+
+}  // namespace
+
+void gemm_panels_scalar(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0, int64_t p1,
+                        float* y, int64_t ldy) {
+  const int64_t nb = l.blocks();
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = w + p * l.panel_bytes();
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(panel + l.nibble_bytes());
+    const uint16_t* offsets = scales + nb * kPanel;
+    for (int64_t r = 0; r < m; ++r) {
+      const int8_t* qx = a.q + r * nb * kBlock;
+      for (int c = 0; c < kPanel && p * kPanel + c < l.n; ++c) {
+        float acc = 0.0f, o = 0.0f;
         for (int64_t s = 0; s < a.supers; ++s) {
-          float part[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+          float t = 0.0f;
           for (int64_t b = s * kSuper; b < std::min<int64_t>(nb, (s + 1) * kSuper); ++b) {
-            const uint8_t* tb = tile + b * tbb;
-            const uint8_t* pair = tb + (c / 2) * kBlock;
-            const uint16_t* halves = reinterpret_cast<const uint16_t*>(tb + kTile * kBlock / 2);
-            const float dw = half_to_float(halves[c]);
-            const float off = l.offsets ? half_to_float(halves[kTile + c]) : -8.0f * dw;
-            const int8_t* xb = qx + b * kBlock;
-            for (int j = 0; j < kLanes; ++j) {
-              int32_t dot = 0;
-              for (int i = 4 * j; i < 4 * j + 4; ++i) dot += ((pair[i] >> shift) & 15) * xb[i];
-              part[j] = std::fma(static_cast<float>(dot), dw, part[j]);
-            }
-            offset = std::fma(off, a.dsum[m * nb + b], offset);
+            const uint8_t* nibbles = panel + b * kPanel * kBlock / 2;
+            int32_t dot = 0;
+            for (int i = 0; i < kBlock; ++i) dot += weight_q(nibbles, c, i) * qx[b * kBlock + i];
+            t = std::fma(static_cast<float>(dot), half_to_float(scales[b * kPanel + c]), t);
           }
-          for (int j = 0; j < kLanes; ++j) lane[j] = std::fma(part[j], a.d[m * a.supers + s], lane[j]);
+          acc = std::fma(t, a.d[r * a.supers + s], acc);
         }
-        y[m * ldy + n] =
-            (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) + offset;
+        for (int64_t b = 0; b < nb; ++b) {
+          const float dw = half_to_float(scales[b * kPanel + c]);
+          const float off = l.offsets ? half_to_float(offsets[b * kPanel + c]) : -8.0f * dw;
+          o = std::fma(off, a.dsum[r * nb + b], o);
+        }
+        y[r * ldy + p * kPanel + c] = acc + o;
       }
     }
   }

@@ -170,7 +170,7 @@ def test_a_request_larger_than_the_queue_is_400_not_429(live):
     ("/v1/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/chat/completions", {"ignore_eos": True}, "ignore_eos"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
-                                           {"role": "user", "content": "hi"}]}, "messages.0.tool_calls"),
+                                           {"role": "user", "content": "hi"}]}, "messages.0.tool_calls.0.function"),
 ])
 def test_fields_that_are_not_honoured_are_refused(live, path, extra, param):
     body = {"model": "tiny", "max_tokens": 2, **({"prompt": "a"} if "chat" not in path else

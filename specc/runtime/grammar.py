@@ -16,6 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from ..errors import RequestError
 
 JSON_OBJECT = "json_object"  # Rules.json_schema for any JSON object (response_format json_object)
+TAG_KEY = "structural_tag:"  # the cache key of a structural tag: this, then the tag (a schema is JSON text)
 
 
 MAX_SCHEMA_BYTES = 64 << 10  # a schema's JSON text; compile time grows faster than linearly with enums
@@ -52,11 +53,12 @@ def _low_priority() -> None:
 
 
 class Grammars:
-    """Compiles JSON schemas against one model's tokenizer and makes matchers.
+    """Compiles JSON schemas and structural tags (tool calls) against one model's tokenizer and makes matchers.
 
     Compiling runs on one low-priority thread of its own, never under a lock another request or the
     engine waits on; a caller waits at most COMPILE_TIMEOUT_S for it. Compiled grammars (and the
-    errors of schemas that failed) are kept in an LRU cache by schema text."""
+    errors of schemas and tags that failed) are kept in one LRU cache by schema text (TAG_KEY + tag text
+    for a tag)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, sorted(eos_ids)
@@ -98,41 +100,55 @@ class Grammars:
         cannot be enforced, what the library could not compile, or that it took longer than `timeout`."""
         if schema != JSON_OBJECT:
             check_schema(schema)
+        return self._compiled(schema, timeout, "json_schema", "(fewer or shorter enum values, patterns with "
+                                                              "smaller repetition counts)")
+
+    def compile_tag(self, tag: str, timeout: float = COMPILE_TIMEOUT_S):
+        """The compiled grammar of an xgrammar structural tag (JSON text; tool calls, serving/tools.py), on the
+        same low-priority thread, time limit and cache as schemas (keyed apart: TAG_KEY + the tag); RequestError
+        naming what the library could not compile, or that it took longer than `timeout`. The tag's argument
+        schemas are checked by the caller (serving/tools.py runs check_schema on each tool's parameters)."""
+        return self._compiled(TAG_KEY + tag, timeout, "structural_tag", "(fewer tools, or simpler parameters)")
+
+    def _compiled(self, key: str, timeout: float, what: str, hint: str):
+        """The cached grammar of `key`, else compiled on the grammar thread while the caller waits at most
+        `timeout` (the compile goes on, and is cached, when the caller stops waiting)."""
         self.compiler()
         with self._lock:
-            if schema in self._cache:
-                self._cache.move_to_end(schema)
-                found = self._cache[schema]
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                found = self._cache[key]
             else:
                 found = None
-                future = self._pending.get(schema)
+                future = self._pending.get(key)
                 if future is None:
                     if self._pool is None:
                         self._pool = ThreadPoolExecutor(1, thread_name_prefix="specc-grammar", initializer=_low_priority)
-                    future = self._pending[schema] = self._pool.submit(self._build, schema)
+                    future = self._pending[key] = self._pool.submit(self._build, key)
         if found is None:
             try:
                 found = future.result(timeout)
             except FutureTimeout:
-                raise RequestError(f"json_schema took longer than {timeout:g} s to compile; simplify it (fewer or "
-                                   "shorter enum values, patterns with smaller repetition counts)") from None
+                raise RequestError(f"{what} took longer than {timeout:g} s to compile; simplify it {hint}") from None
         if isinstance(found, RequestError):
             raise RequestError(str(found))
         return found
 
-    def _build(self, schema: str):
-        """Compile and check one schema (the grammar thread); the grammar or the RequestError, cached."""
+    def _build(self, key: str):
+        """Compile and check one schema or structural tag (the grammar thread); the grammar or the RequestError,
+        cached."""
+        tag = key.startswith(TAG_KEY)
         try:
-            result = self._compile_checked(schema)
+            result = self._compile_tag(key[len(TAG_KEY):]) if tag else self._compile_checked(key)
         except RequestError as exc:
             result = exc
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError (and MemoryError) with its own message
-            reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-            result = RequestError(f"json_schema could not be compiled: {reason}")
+            result = RequestError(f"{'structural_tag' if tag else 'json_schema'} could not be compiled: "
+                                  f"{_first_line(exc)}")
         size = getattr(result, "memory_size_bytes", 0)
         with self._lock:
-            self._pending.pop(schema, None)
-            self._cache[schema] = result
+            self._pending.pop(key, None)
+            self._cache[key] = result
             self._cache_bytes += size
             while len(self._cache) > CACHE_ENTRIES or self._cache_bytes > CACHE_BYTES:
                 _, old = self._cache.popitem(last=False)
@@ -150,6 +166,11 @@ class Grammars:
                                "allows none (a pattern that needs a tab or newline inside a string is one)")
         return grammar
 
+    def _compile_tag(self, tag: str):
+        # no satisfiability search: a tag has no printable mask (TagMatcher), so the control-character dead end
+        # it looks for cannot arise; a dead end reached anyway still fails only its own row (RowRule.commit)
+        return self._compiler.compile_structural_tag(tag)
+
     def matcher(self, schema: str, grammar=None) -> "CompactJsonMatcher":
         """A matcher of `grammar` (already compiled for `schema`), else of the schema compiled now."""
         import xgrammar as xgr
@@ -157,69 +178,76 @@ class Grammars:
         grammar = self.compile(schema) if grammar is None else grammar
         return CompactJsonMatcher(xgr.GrammarMatcher(grammar), self._printable, self._stops)
 
+    def tag_matcher(self, tag: str, grammar=None) -> "TagMatcher":
+        """A matcher of `grammar` (already compiled for the structural tag `tag`), else of the tag compiled now."""
+        import xgrammar as xgr
 
-def check_schema(schema: str) -> None:
+        grammar = self.compile_tag(tag) if grammar is None else grammar
+        return TagMatcher(xgr.GrammarMatcher(grammar), self._stops)
+
+def check_schema(schema: str, name: str = "json_schema") -> None:
     """RequestError for a schema too large to compile in bounded time, or using a keyword the grammar
-    cannot enforce (its output could then break the schema): one message naming the keyword and where."""
+    cannot enforce (its output could then break the schema): one message naming the keyword and where.
+    name: what the message calls the schema (a tool's parameters: "tools.0.function.parameters: tool 'f'")."""
     if len(schema.encode("utf-8", "replace")) > MAX_SCHEMA_BYTES:
-        raise RequestError(f"json_schema is {len(schema.encode('utf-8', 'replace'))} bytes of JSON; allowed at most "
+        raise RequestError(f"{name} is {len(schema.encode('utf-8', 'replace'))} bytes of JSON; allowed at most "
                            f"{MAX_SCHEMA_BYTES}")
     try:
         node = json.loads(schema)
     except ValueError as exc:
-        raise RequestError(f"json_schema is not valid JSON: {exc}") from None
-    _check_node(node, "schema", 0)
+        raise RequestError(f"{name} is not valid JSON: {exc}") from None
+    _check_node(node, "schema", 0, name)
 
 
-def _check_node(node, where: str, depth: int) -> None:
+def _check_node(node, where: str, depth: int, name: str) -> None:
     if isinstance(node, bool):
         return
     if not isinstance(node, dict):
-        raise RequestError(f"json_schema: {where} must be a schema (an object or a boolean), got {type(node).__name__}")
+        raise RequestError(f"{name}: {where} must be a schema (an object or a boolean), got {type(node).__name__}")
     if depth > MAX_SCHEMA_DEPTH:
-        raise RequestError(f"json_schema: {where} is nested deeper than {MAX_SCHEMA_DEPTH} subschemas")
+        raise RequestError(f"{name}: {where} is nested deeper than {MAX_SCHEMA_DEPTH} subschemas")
     for key, value in node.items():
         if key not in ENFORCED and key not in ANNOTATIONS:
-            raise RequestError(f"json_schema: {where}.{key}: the keyword {key!r} is not enforced by specc's grammar, so "
+            raise RequestError(f"{name}: {where}.{key}: the keyword {key!r} is not enforced by specc's grammar, so "
                                "the output could break it; remove it. Enforced: " + ", ".join(sorted(ENFORCED)))
-    _check_keywords(node, where)
+    _check_keywords(node, where, name)
     for key in SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            for name, sub in node[key].items():
-                _check_node(sub, f"{where}.{key}.{name}", depth + 1)
+            for prop, sub in node[key].items():
+                _check_node(sub, f"{where}.{key}.{prop}", depth + 1, name)
     for key in SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
             for i, sub in enumerate(node[key]):
-                _check_node(sub, f"{where}.{key}.{i}", depth + 1)
+                _check_node(sub, f"{where}.{key}.{i}", depth + 1, name)
     for key in SUBSCHEMAS:
         if isinstance(node.get(key), (dict, bool)):
-            _check_node(node[key], f"{where}.{key}", depth + 1)
+            _check_node(node[key], f"{where}.{key}", depth + 1, name)
 
 
-def _check_keywords(node: dict, where: str) -> None:
+def _check_keywords(node: dict, where: str, name: str) -> None:
     """The enforced keywords' own limits: what the grammar writes for them must be what they mean."""
     if node.get("uniqueItems") not in (None, False):
-        raise RequestError(f"json_schema: {where}.uniqueItems: the keyword 'uniqueItems' is not enforced by specc's "
+        raise RequestError(f"{name}: {where}.uniqueItems: the keyword 'uniqueItems' is not enforced by specc's "
                            "grammar (it can repeat an item); remove it or set it to false")
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
-        raise RequestError(f"json_schema: {where}.allOf: the keyword 'allOf' with {len(all_of)} schemas is not "
+        raise RequestError(f"{name}: {where}.allOf: the keyword 'allOf' with {len(all_of)} schemas is not "
                            "enforced by specc's grammar; merge them into one schema (allOf of one schema is allowed)")
     one_of = node.get("oneOf")
     if isinstance(one_of, list) and not _disjoint_types(one_of):
-        raise RequestError(f"json_schema: {where}.oneOf: the keyword 'oneOf' is enforced only when its schemas have "
+        raise RequestError(f"{name}: {where}.oneOf: the keyword 'oneOf' is enforced only when its schemas have "
                            "different types (the grammar cannot keep a value from matching two of them); use anyOf")
     required, properties = node.get("required"), node.get("properties")
     if isinstance(required, list):
         names = properties if isinstance(properties, dict) else {}
         missing = [r for r in required if r not in names]
         if missing:
-            raise RequestError(f"json_schema: {where}.required: {missing[0]!r} is required but not defined in "
+            raise RequestError(f"{name}: {where}.required: {missing[0]!r} is required but not defined in "
                                "properties; the grammar writes only the properties the schema defines, so the "
                                "output could never hold it")
     pattern = node.get("pattern")
     if isinstance(pattern, str):
-        _check_pattern(pattern, f"{where}.pattern")
+        _check_pattern(pattern, f"{where}.pattern", name)
 
 
 def _disjoint_types(schemas: list) -> bool:
@@ -236,9 +264,9 @@ def _disjoint_types(schemas: list) -> bool:
     return True
 
 
-def _check_pattern(pattern: str, where: str) -> None:
+def _check_pattern(pattern: str, where: str, name: str) -> None:
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise RequestError(f"json_schema: {where} is {len(pattern)} characters; allowed at most {MAX_PATTERN_CHARS}")
+        raise RequestError(f"{name}: {where} is {len(pattern)} characters; allowed at most {MAX_PATTERN_CHARS}")
     import re._parser as sre
 
     try:
@@ -246,7 +274,7 @@ def _check_pattern(pattern: str, where: str) -> None:
     except (re.error, RecursionError, OverflowError):
         return  # not a Python regex: the grammar library judges it, within the compile time limit
     if size > MAX_PATTERN_SIZE:
-        raise RequestError(f"json_schema: {where} expands to {size} atoms once its counted repetitions are written "
+        raise RequestError(f"{name}: {where} expands to {size} atoms once its counted repetitions are written "
                            f"out; allowed at most {MAX_PATTERN_SIZE} (use smaller counts, or nest fewer of them)")
 
 
@@ -311,6 +339,27 @@ def allowed_ids(words, vocab: int) -> list[int]:
     return bits.flatten()[:vocab].nonzero()[:, 0].tolist()
 
 
+def schema_ebnf(schema: str) -> str:
+    """EBNF of a JSON schema (JSON text) written as json.dumps writes it, `{"a": 1, "b": [2, 3]}`: the form
+    chat templates render tool-call arguments in, and no free whitespace, so a model cannot stall in spaces.
+    RequestError with the library's reason when it cannot compile the schema."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise RequestError("tool calling needs the xgrammar package: pip install 'specc[serve]'") from None
+    try:
+        return str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, separators=(", ", ": "),
+                                                strict_mode=True))
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its own message
+        raise RequestError(f"the schema could not be compiled: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """The library's message without its log prefix ("[12:00:00] /path/file.cc:123: ")."""
+    lines = str(exc).strip().splitlines()
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[0]) if lines else type(exc).__name__
+
+
 def printable_mask(decoded_vocab: list[bytes], vocab_size: int, eos_ids: list[int]):
     """A token bitmask (int32 [ceil(V / 32)], xgrammar's layout) of the tokens whose bytes hold no control
     character (0x00-0x1f); stop tokens and ids past the tokenizer's vocabulary stay allowed."""
@@ -357,7 +406,7 @@ class CompactJsonMatcher:
 
         if self._m.is_terminated():
             return True
-        bitmask = xgr.allocate_token_bitmask(1, self._printable.shape[0] * 32)
+        bitmask = xgr.allocate_token_bitmask(1, self._stops.shape[0] * 32)
         self._m.fill_next_token_bitmask(bitmask)
         return bool(((bitmask[0] & self._stops) != 0).any() or (bitmask[0] == 0).all())
 
@@ -369,6 +418,21 @@ class CompactJsonMatcher:
 
     def is_terminated(self) -> bool:
         return self._m.is_terminated()
+
+
+class TagMatcher(CompactJsonMatcher):
+    """A structural tag's matcher (tool calls): the grammar's own masks, with no printable mask, since the text
+    around calls may hold newlines (raw control characters inside argument strings are escaped when the reply
+    is read, serving/tools.escape_controls). It keeps CompactJsonMatcher's contract for the runtime
+    (`fill_next_token_bitmask` returns whether the row can go on, `stop_allowed`), so a dead end fails only
+    its own row."""
+
+    def __init__(self, matcher, stops):
+        super().__init__(matcher, None, stops)
+
+    def fill_next_token_bitmask(self, bitmask, index: int = 0) -> bool:
+        self._m.fill_next_token_bitmask(bitmask, index)
+        return True
 
 
 def schema_text(schema) -> str:

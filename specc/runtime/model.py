@@ -182,7 +182,8 @@ class SpecModel:
                tree: TreeShape | None = None, chat: bool = False, stop_below: float | None = None,
                run_stats: RunStats | None = None, json_schema=None, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
-               logprobs: int | None = None, prompt_logprobs: bool = False) -> Iterator[StreamEvent]:
+               logprobs: int | None = None, prompt_logprobs: bool = False,
+               structural_tag: str | None = None) -> Iterator[StreamEvent]:
         """Yield text as rounds complete; at most max_batch rows run at once, the rest join as rows finish.
 
         prompts: strings (or token-id lists); chat applies the tokenizer's chat template.
@@ -197,12 +198,14 @@ class SpecModel:
         json_schema: constrain the output to this JSON schema (a dict or JSON text; "json_object": any JSON
         object); presence/frequency/repetition_penalty, logit_bias ({token id: bias}): logits transforms;
         logprobs: report each token's logprob and this many alternatives; prompt_logprobs: the prompt's too
-        (runtime/rules.py says which distribution). Speculation stays exact under all of them.
+        (runtime/rules.py says which distribution); structural_tag: constrain the output to this xgrammar
+        structural tag (JSON text; tool calls, serving/tools.py). Speculation stays exact under all of them.
         """
         params = self.sampling_params(temperature, top_k, top_p)
         rules = self.rules(json_schema=json_schema, presence_penalty=presence_penalty,
                            frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
-                           logit_bias=logit_bias, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                           logit_bias=logit_bias, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                           structural_tag=structural_tag)
         encoded = self.encode(prompts, chat)
         seeds = _seeds(seed, len(encoded))
         scheduler = Scheduler(self, speculative=speculative, k=k, tree=tree, stop_below=stop_below)
@@ -226,16 +229,21 @@ class SpecModel:
 
     def rules(self, json_schema=None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
               repetition_penalty: float = 1.0, logit_bias: dict | None = None, logprobs: int | None = None,
-              prompt_logprobs: bool = False) -> Rules | None:
+              prompt_logprobs: bool = False, structural_tag: str | None = None) -> Rules | None:
         """A request's host-side rules, validated (None when it asks for none)."""
         if logit_bias is not None and not isinstance(logit_bias, dict):
             raise RequestError(f"logit_bias must be a mapping of token id to bias, got {type(logit_bias).__name__}")
         bias = _bias_pairs(logit_bias or {})
         rules = Rules(presence_penalty, frequency_penalty, repetition_penalty, tuple(sorted(bias, key=lambda x: str(x[0]))),
-                      logprobs, bool(prompt_logprobs), None if json_schema is None else schema_text(json_schema))
+                      logprobs, bool(prompt_logprobs), None if json_schema is None else schema_text(json_schema),
+                      structural_tag)
         rules = rules.validate(self.target.dims.vocab_size)
-        if rules.json_schema is not None:  # compiled here, so a request's row never waits for it on the engine thread
+        # compiled here, in the request's thread (a grammar thread of its own, bounded by a time limit), so a
+        # request's row never waits for it on the engine thread
+        if rules.json_schema is not None:
             rules = dataclasses.replace(rules, grammar=self.grammars.compile(rules.json_schema))
+        elif rules.structural_tag is not None:
+            rules = dataclasses.replace(rules, grammar=self.grammars.compile_tag(rules.structural_tag))
         return rules if rules.any else None
 
     def new_request(self, index: int, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
@@ -265,7 +273,9 @@ class SpecModel:
                 raise RequestError("this bundle accepts drafts inside its target graph (speculation.verify_head), so "
                                    "its logits never reach the host: logprobs, penalties, logit_bias and structured "
                                    "output need a bundle compiled without the verification head")
-            matcher = None if rules.json_schema is None else self.grammars.matcher(rules.json_schema, rules.grammar)
+            matcher = (self.grammars.matcher(rules.json_schema, rules.grammar) if rules.json_schema is not None else
+                       self.grammars.tag_matcher(rules.structural_tag, rules.grammar)
+                       if rules.structural_tag is not None else None)
             rule = RowRule(rules, prompt_ids, self.target.dims.vocab_size, matcher)
         return Request(index, list(prompt_ids), max_new_tokens, params, torch.Generator().manual_seed(seed),
                        TextStream(self.tokenizer, tuple(stop)), rule=rule, cache_domain=bytes(cache_domain))

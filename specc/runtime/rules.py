@@ -39,7 +39,8 @@ class Rules:
 
     logit_bias: (token id, bias) pairs, bias in [-100, 100]; logprobs: alternatives per generated token
     (0: only the chosen token's; None: no logprobs); prompt_logprobs: the prompt's too (echo);
-    json_schema: a JSON schema as a JSON string, or "json_object" for any JSON object."""
+    json_schema: a JSON schema as a JSON string, or "json_object" for any JSON object; structural_tag: an
+    xgrammar structural tag as JSON text (tool calls, serving/tools.py); at most one of the two."""
 
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -48,13 +49,20 @@ class Rules:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     json_schema: str | None = None
-    grammar: object = field(default=None, compare=False, repr=False)  # json_schema compiled (SpecModel.rules)
+    structural_tag: str | None = None
+    grammar: object = field(default=None, compare=False, repr=False)  # json_schema or structural_tag compiled
+    # (SpecModel.rules, in the request's thread: the engine thread never compiles)
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar constrains the output (json_schema or structural_tag)."""
+        return self.json_schema is not None or self.structural_tag is not None
 
     @property
     def transforms(self) -> bool:
         """Whether the rules change the distribution (else they only read it)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.json_schema)
+                    or self.logit_bias or self.constrained)
 
     @property
     def any(self) -> bool:
@@ -84,6 +92,8 @@ class Rules:
                 raise RequestError(f"json_schema is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise RequestError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        if self.json_schema is not None and self.structural_tag is not None:
+            raise RequestError("json_schema and structural_tag: one grammar per request; give one of them")
         return self
 
 
@@ -124,10 +134,14 @@ class RowRule:
         masks left nothing else), for the runtime to fail this request alone; None when it holds."""
         if self.matcher is None:
             return None
+        what = "json_schema" if self.rules.structural_tag is None else "structural_tag"
         for t in tokens:
             if not self.matcher.accept_token(t):
-                return f"json_schema: the grammar refused token {t} the target chose under its mask"
+                return f"{what}: the grammar refused token {t} the target chose under its mask"
         if stopped and not self.matcher.stop_allowed():
+            if self.rules.structural_tag is not None:
+                return ("structural_tag: the output reached a point where the tool-call grammar allows no token the "
+                        "model can write, so no valid output exists from there")
             return ("json_schema: the output reached a point where the schema allows only raw control characters, "
                     "which compact JSON forbids (a pattern that needs a tab or newline inside a string is one), so "
                     "no valid output exists from there")

@@ -29,6 +29,7 @@ from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
+from .tools import ToolReply, plan as plan_tools
 
 DISCONNECT_POLL_S = 0.5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the context left
@@ -210,7 +211,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         except RequestError as exc:
             raise APIError(400, str(exc), str(exc).split(" ")[0]) from None
         # compiling a schema is the grammar library's work: off the event loop, like tokenising
-        rules = await asyncio.get_running_loop().run_in_executor(heavy if large else light, request_rules, req, chat)
+        rules, tools = await asyncio.get_running_loop().run_in_executor(heavy if large else light, request_rules, req, chat)
         prompts = [req.conversation()] if chat else req.prompts()
         engine.check_room(len(prompts) * req.n)  # before any tokenising: a request that cannot be queued costs nothing
         if not chat:
@@ -221,6 +222,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         check_seed(seed, len(prompts) * req.n)
         job = Job(prompts, chat, req.max_tokens or default_max, params, seed, req.stop or [], req.n,
                   rules=rules, echo=not chat and req.echo, events_streamed=bool(req.stream),
+                  tools=tools.tools if tools else None,
                   cache_domain=cache_domain(request.scope.get("state", {}).get("api_key_index"), req.cache_salt))
         try:
             await asyncio.get_running_loop().run_in_executor(heavy if large else light, engine.prepare, job)
@@ -241,7 +243,8 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
             if isinstance(admitted, (APIError, Failed)):
                 raise admitted if isinstance(admitted, APIError) else _api_error_of(admitted)
             prompt_tokens = sum(admitted.prompt_tokens[::req.n])
-            reply = Reply(job, name, chat, start, prompt_tokens, metrics, model.tokenizer, model.grammars.decoded)
+            reply = Reply(job, name, chat, start, prompt_tokens, metrics, model.tokenizer, model.grammars.decoded,
+                          ToolReply(tools, len(job.indices)) if tools and tools.parses else None)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 streaming = True
@@ -263,17 +266,22 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     engine.cancel(job)
 
     def request_rules(req, chat: bool):
-        """The request's penalties, logit_bias, logprobs and response_format as runtime rules; 400s name the field."""
+        """The request's penalties, logit_bias, logprobs, response_format and tools as runtime rules, and its
+        tools' plan (serving/tools.py); 400s name the field. Both grammars (a schema, the tools' structural tag)
+        compile here, in this worker thread (runtime/grammar.py), never on the engine's."""
+        tools = plan_tools(req, model.tokenizer) if chat else None
         if chat and req.top_logprobs is not None:
             model.grammars.decode_vocab()  # each token's own bytes, for logprobs' "bytes" (once, off the event loop)
         try:
             return model.rules(json_schema=req.json_schema(), presence_penalty=req.presence_penalty,
                                frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
                                logit_bias=req.logit_bias, logprobs=req.top_logprobs,
-                               prompt_logprobs=not chat and req.echo and req.logprobs is not None)
+                               prompt_logprobs=not chat and req.echo and req.logprobs is not None,
+                               structural_tag=tools.tag if tools else None), tools
         except RequestError as exc:
             field = str(exc).split(" ")[0].rstrip(":")
-            field = {"json_schema": "response_format", "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
+            field = {"json_schema": "response_format", "structural_tag": "tools",
+                     "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
             raise APIError(400, str(exc), field) from None
 
     async def next_item(job: Job, request: Request):
@@ -307,7 +315,10 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
                     return
                 position, ev = reply.add(item)
                 text, logprobs = reply.piece(position, ev)
-                if text or ev.finished or logprobs:
+                if reply.tools is not None:
+                    for part in reply.tools.chunks(position, text, ev.finish_reason if ev.finished else None, logprobs):
+                        yield json.dumps(reply.chunk([part]))
+                elif text or ev.finished or logprobs:
                     yield json.dumps(reply.chunk([choice(position, text, ev.finish_reason, reply.chat, True,
                                                          logprobs=logprobs)]))
             if include_usage:
@@ -370,8 +381,10 @@ def cache_domain(key_index: int | None, salt: str | None) -> bytes:
 
 
 def _request_failed(message: str) -> APIError:
-    """This request's own rules failed while it ran (its schema admits no output from where it got)."""
-    return APIError(400, message, "response_format", code="unsatisfiable_schema")
+    """This request's own rules failed while it ran (its schema, or its tools' grammar, admits no output from
+    where it got; runtime/rules.RowRule.commit says which in the message's first word)."""
+    param = "tools" if message.startswith("structural_tag") else "response_format"
+    return APIError(400, message, param, code="unsatisfiable_schema")
 
 
 def _shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:
@@ -388,9 +401,10 @@ class Reply:
     """The choices of one request as its events arrive; latency metrics on the way."""
 
     def __init__(self, job: Job, model: str, chat: bool, start: float, prompt_tokens: int, metrics, tokenizer=None,
-                 token_bytes: list[bytes] | None = None):
+                 token_bytes: list[bytes] | None = None, tools: ToolReply | None = None):
         self.job, self.model, self.chat, self.start, self.metrics = job, model, chat, start, metrics
         self.tokenizer, self.token_bytes = tokenizer, token_bytes
+        self.tools = tools  # the choices are read for tool calls
         self.logprobs: list[list] = [[] for _ in job.indices]  # (token, logprob, alternatives) per choice
         self.offsets = [0] * len(job.indices)  # text offset of the next token, per choice (completions' logprobs)
         self.echoed = [False] * len(job.indices)
@@ -471,5 +485,7 @@ class Reply:
     def whole(self) -> dict:
         choices = [choice(i, t, r, self.chat, False, logprobs=lp)
                    for i, (t, r, lp) in enumerate(zip(self.texts, self.reasons, self.pieces))]
+        if self.tools is not None:
+            choices = [self.tools.whole(c, t) for c, t in zip(choices, self.texts)]
         return completion_object(self.id, self.model, choices, self.usage(),
                                  chunk=False, chat=self.chat)

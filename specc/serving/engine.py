@@ -52,6 +52,7 @@ class Job:
     echo: bool = False  # completions: the prompt leads the text (and its logprobs, when asked)
     events_streamed: bool = False  # the reply streams each event (else the handler assembles the whole)
     prepared: bool = False  # prompts are token ids already (`AsyncEngine.prepare`)
+    tools: list[dict] | None = None  # chat: the tools the chat template renders (serving/tools.py)
     cache_domain: bytes = b""  # the prefix cache's isolation domain (the API key, cache_salt)
     polled: float = field(default_factory=time.monotonic)  # when the handler last looked for a disconnect
 
@@ -166,7 +167,7 @@ class AsyncEngine(EngineThread):
         m, lookahead = self.model, self.scheduler.lookahead
         seqs = []
         for p, prompt in enumerate(job.prompts):
-            ids = prompt if _is_ids(prompt) and job.prepared else self.encode_prompt(prompt, job.chat, p)
+            ids = prompt if _is_ids(prompt) and job.prepared else self.encode_prompt(prompt, job.chat, p, job.tools)
             room = m.max_context - len(ids) - lookahead - 1
             if room < 1:
                 raise APIError(400, f"the prompt is {len(ids)} tokens; this model's context is {m.max_context} "
@@ -187,7 +188,7 @@ class AsyncEngine(EngineThread):
     def prepare(self, job: Job) -> Job:
         """Tokenise the job's prompts (a worker thread of the app's pool): APIError 400 for one that is not
         valid or cannot fit the context."""
-        job.prompts = [self.encode_prompt(prompt, job.chat, p) for p, prompt in enumerate(job.prompts)]
+        job.prompts = [self.encode_prompt(prompt, job.chat, p, job.tools) for p, prompt in enumerate(job.prompts)]
         job.prepared = True
         return job
 
@@ -204,8 +205,9 @@ class AsyncEngine(EngineThread):
             raise APIError(400, f"{where}: the prompt is {len(prompt)} tokens; this model's context is "
                                 f"{self.model.max_context} tokens", where, code="context_length_exceeded")
 
-    def encode_prompt(self, prompt, chat: bool, p: int = 0) -> list[int]:
-        """Token ids of one prompt (text, token ids, or chat messages rendered with the chat template)."""
+    def encode_prompt(self, prompt, chat: bool, p: int = 0, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of one prompt (text, token ids, or chat messages rendered with the chat template, with
+        the tools when given)."""
         where = _where(chat, p)
         if chat:
             tok = self.model.tokenizer
@@ -214,7 +216,7 @@ class AsyncEngine(EngineThread):
                                     "use /v1/completions, or serve it with specc serve --chat-template FILE",
                                "messages", code="no_chat_template")
             try:
-                text = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                text = tok.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=False)
             except TemplateError as exc:  # the template refuses these messages (raise_exception, an undefined value)
                 raise APIError(400, f"messages: the chat template refused them: {exc}", "messages") from None
             self.check_length(text, True, p)

@@ -2,11 +2,12 @@
 
 Requests are parsed from the raw JSON in pydantic's strict mode, so a string where a number
 belongs is an error, not a guess. Fields that change what is generated and that specc does not
-implement (OpenAI's best_of, suffix, tools and functions; other servers' extensions such as
+implement (OpenAI's best_of, suffix and functions, and tools on completions; other servers' extensions such as
 chat_template, min_p or guided_json: `REFUSED`) are refused when set to anything but their neutral
 value, so no answer pretends to honour them; other unknown fields (user, metadata, store, ...) are
 ignored, as OpenAI-compatible servers do. Penalties, logit_bias, logprobs, echo and response_format
-(json_object, json_schema) are implemented (runtime/rules.py, runtime/grammar.py).
+(json_object, json_schema) are implemented (runtime/rules.py, runtime/grammar.py), and tools on chat
+(tools.py, tool_schemas.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any, Literal, Union
 
 from ..runtime.rules import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .tool_schemas import MAX_TOOLS, Tool, ToolCall, check_tool_choice
 
 
 class APIError(Exception):
@@ -52,7 +55,7 @@ REFUSED: dict[str, tuple] = {
 }
 
 HINTS = {"chat_template": " (the server applies the model's template, or the one given with specc serve --chat-template)",
-         "n": ""}
+         "n": "", "functions": " (give tools instead)", "function_call": " (give tools and tool_choice instead)"}
 
 
 def _neutral(value, allowed: tuple) -> bool:
@@ -180,13 +183,25 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
-    tool_calls: Any = None  # refused when set: without tools, the chat template would drop them silently
-    function_call: Any = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls; the tool messages after it answer them
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+    function_call: Any = None  # OpenAI's deprecated form: refused, tools replace it
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it (calls' arguments as mappings)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
@@ -194,7 +209,15 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs_: int | None = Field(None, ge=0, le=20, alias="top_logprobs")
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Any = None  # "none", "auto", "required" or a named function (tool_schemas.check_tool_choice)
+    parallel_tool_calls: bool | None = None
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v):
+        return check_tool_choice(v)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -208,13 +231,12 @@ class ChatCompletionRequest(_Sampling):
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        bad += [f"messages.{i}.{name}" for i, m in enumerate(self.messages) for name in ("tool_calls", "function_call")
-                if not _neutral(getattr(m, name), _OFF)]
+        bad += [f"messages.{i}.function_call" for i, m in enumerate(self.messages) if not _neutral(m.function_call, _OFF)]
         echo = (self.model_extra or {}).get("echo")
         return bad + ([] if _neutral(echo, _OFF) else ["echo"])
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict]:
+        return [m.for_template() for m in self.messages]
 
 
 def parse_request(cls: type[_Sampling], raw: bytes) -> _Sampling:

@@ -130,5 +130,7 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     return y
 
 
-__all__ = ["DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa", "dot_peak", "gemm",
-           "library", "library_path", "pack_int4", "register_with", "supported_isas"]
+__all__ = [
+    "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa",
+    "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with", "supported_isas"
+]

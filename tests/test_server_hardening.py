@@ -237,8 +237,9 @@ def _stream(url: str, body: dict, out: list) -> None:
 def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundles, tmp_path):
     """One row at a time: the first stream is running when SIGTERM comes and finishes within the grace
     period; streams still queued at its end get an error event, then [DONE]; new connections are refused.
-    The grace period is shorter than the queued streams' 1,200 tokens take even on a fast CPU."""
-    s = LiveServer(bundles["draft"], tmp_path / "serve.log", "--max-batch", "1", "--shutdown-timeout", "0.2",
+    The grace period is shorter than the queued streams' 1,200 tokens take even on a fast CPU at real-time
+    priority (the tiny model writes a few thousand tokens a second there)."""
+    s = LiveServer(bundles["draft"], tmp_path / "serve.log", "--max-batch", "1", "--shutdown-timeout", "0.05",
                    "--k", "3")
     try:
         done: list = []

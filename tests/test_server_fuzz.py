@@ -47,16 +47,29 @@ def server(bundles, tmp_path_factory):
     s = LiveServer(bundles["draft"], tmp_path_factory.mktemp("fuzz") / "serve.log", "--max-queue", "16")
     reference = s.post("/v1/completions", REFERENCE)
     assert reference.status_code == 200, reference.text
+    idle = resident_mib(s.proc.pid)["VmRSS"]
     yield s, reference.json()["choices"][0]["text"]
     try:
         after = s.post("/v1/completions", REFERENCE)
         assert after.status_code == 200 and after.json()["choices"][0]["text"] == reference.json()["choices"][0]["text"]
+        memory = resident_mib(s.proc.pid)
+        print(f"fuzz server memory: idle {idle:.0f} MiB, peak {memory['VmHWM']:.0f} MiB, now {memory['VmRSS']:.0f} MiB")
+        assert memory["VmHWM"] - idle <= CORPUS_MIB, (idle, memory)  # docs/serving.md: what one server may hold
         log = s.log()
         assert "Traceback" not in log and "internal error" not in log, log[-4000:]
         metrics = httpx.get(s.url + "/metrics", timeout=30).text
         assert 'status="5' not in metrics, [line for line in metrics.splitlines() if "request_errors" in line]
     finally:
         s.stop()
+
+
+CORPUS_MIB = 256  # the schema cache's cap (Grammars) bounds what the corpus may add; the tiny bundle's KV is small
+
+
+def resident_mib(pid: int) -> dict[str, float]:
+    """The process's peak (VmHWM) and current (VmRSS) resident memory in MiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS")}
 
 
 def base(chat: bool) -> dict:

@@ -221,3 +221,54 @@ def latency_under_attack(server: LiveServer, n: int, stops: tuple[int, int], bod
         for t in threads:
             t.join(60)
     return idle, attacked, results
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
+SCHEMA_ATTACKS = {  # each answered 400 before it compiles or runs
+    "regex_66_bytes": {"type": "string", "pattern": "^([a-z]{1,62}[0-9]{1,62}){1,62}$"},
+    "enum_60000": {"enum": [f"value-{i:06d}" for i in range(60_000)]},
+    "unsatisfiable": {"type": "string", "pattern": "^\t\t$"},
+}
+
+
+def stream_gaps(server: LiveServer, body: dict, out: list) -> None:
+    """One completions stream; appends (status, [seconds between events after the first]) to out."""
+    gaps, last = [], None
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+    out.append((r.status_code, gaps))
+
+
+def gaps_beside(server: LiveServer, attack, streams: int, body: dict) -> tuple[list[float], object, float]:
+    """`streams` innocent streams of `body`, and `attack()` (None: nothing) sent once they flow: each stream's
+    largest gap between events, what the attack was answered and its seconds."""
+    out: list = []
+    threads = [threading.Thread(target=stream_gaps, args=(server, {**body, "prompt": f"{body['prompt']} {i}"}, out))
+               for i in range(streams)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    start, status = time.perf_counter(), None
+    if attack is not None:
+        try:
+            status = attack()
+        except Exception as exc:  # the probe reports what broke instead of dying
+            status = f"{type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - start
+    for t in threads:
+        t.join(600)
+    assert all(code == 200 for code, _ in out), out
+    return [max(g) for _, g in out if g], status, seconds
+
+
+def schema_attack(server: LiveServer, schema: dict):
+    """A function that sends a chat request with `schema` as its response_format and returns the status."""
+    def send():
+        body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+        return server.post("/v1/chat/completions", body, timeout=600).status_code
+    return send

@@ -152,3 +152,37 @@ def test_max_context_model_is_the_targets_window(models_dir):
     fixed = parse_recipe({"target": {"model": str(models_dir / "target")}, "draft": {"method": "prompt_lookup"},
                           "limits": {"max_context": 96}})
     assert resolve_context(fixed) is fixed
+
+
+def test_prompt_logprobs_read_chunk_by_chunk_equal_one_pass(bundles, monkeypatch):
+    """Echo's prompt logprobs come chunk by chunk, no pass returning more than PROMPT_LOGITS logits, and
+    equal those of one pass over the whole prompt (beside a row that asks for none)."""
+    from specc.runtime import prefill
+
+    model = specc.load(bundles["draft"])
+    model.set_prefix_cache_mb(0)
+    prompts = [LONG, "x = f(y) + g(z)\n" * 3, "hello world"]
+    model.prefill_chunk = 4096
+    whole = model.generate(prompts, max_new_tokens=4, logprobs=2, prompt_logprobs=True)
+    vocab = model.target.dims.vocab_size
+    monkeypatch.setattr(prefill, "PROMPT_LOGITS", 15 * vocab)  # 15 tokens per pass: 5 a row when 3 rows prefill together
+    widest = []
+    next_token = model.verifier.next_token
+
+    def reading(cache, ids, rows, *args, prompt_at=None):
+        widest.append(rows.numel() if prompt_at is not None else 0)
+        return next_token(cache, ids, rows, *args, prompt_at=prompt_at)
+
+    monkeypatch.setattr(model.verifier, "next_token", reading)
+    for chunk in (64, 3):
+        model.prefill_chunk = chunk
+        widest.clear()
+        parts = model.generate(prompts, max_new_tokens=4, logprobs=2, prompt_logprobs=True)
+        assert 3 <= max(widest) <= 15  # logit rows of a pass
+        for a, b, p in zip(parts, whole, model.encode(prompts)):
+            assert a.token_ids == b.token_ids and len(a.prompt_logprobs) == len(p)
+            assert [(t, alts and [i for i, _ in alts]) for t, _, alts in a.prompt_logprobs] == \
+                   [(t, alts and [i for i, _ in alts]) for t, _, alts in b.prompt_logprobs]
+            got = [x for _, x, _ in a.prompt_logprobs[1:]]
+            assert got == pytest.approx([x for _, x, _ in b.prompt_logprobs[1:]], abs=1e-5)
+    assert model.generate(["abc"], max_new_tokens=2)[0].prompt_logprobs is None

@@ -3,7 +3,10 @@ traceback in the server's stderr, every 4xx an OpenAI JSON error, and the same g
 
 Bodies start from valid completions and chat requests and are changed field by field (odd values, unknown
 and refused fields) or byte by byte (cut, spliced, duplicated, bytes flipped), sent with odd content types
-and paths. `pytest -m heavy tests/test_server_fuzz.py` runs a larger run (SPECC_FUZZ_EXAMPLES per test)."""
+and paths. Beside them: JSON schemas drawn at random (what a 200 returns as finished must validate with
+`jsonschema`), logprobs, penalties and logit_bias in combination, and the prefix cache's isolation between
+API keys and salts. Every response and every streamed event must be strict JSON (no NaN or Infinity).
+`pytest -m heavy tests/test_server_fuzz.py` runs a larger run (SPECC_FUZZ_EXAMPLES per test)."""
 from __future__ import annotations
 
 import json
@@ -11,10 +14,11 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
+jsonschema = pytest.importorskip("jsonschema")
 from server_probe import LiveServer, httpx  # noqa: E402
 
 REFERENCE = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 16, "temperature": 0}
@@ -43,10 +47,14 @@ def server(bundles, tmp_path_factory):
     s = LiveServer(bundles["draft"], tmp_path_factory.mktemp("fuzz") / "serve.log", "--max-queue", "16")
     reference = s.post("/v1/completions", REFERENCE)
     assert reference.status_code == 200, reference.text
+    idle = resident_mib(s.proc.pid)["VmRSS"]
     yield s, reference.json()["choices"][0]["text"]
     try:
         after = s.post("/v1/completions", REFERENCE)
         assert after.status_code == 200 and after.json()["choices"][0]["text"] == reference.json()["choices"][0]["text"]
+        memory = resident_mib(s.proc.pid)
+        print(f"fuzz server memory: idle {idle:.0f} MiB, peak {memory['VmHWM']:.0f} MiB, now {memory['VmRSS']:.0f} MiB")
+        assert memory["VmHWM"] - idle <= CORPUS_MIB, (idle, memory)  # docs/serving.md: what one server may hold
         log = s.log()
         assert "Traceback" not in log and "internal error" not in log, log[-4000:]
         metrics = httpx.get(s.url + "/metrics", timeout=30).text
@@ -55,22 +63,43 @@ def server(bundles, tmp_path_factory):
         s.stop()
 
 
+CORPUS_MIB = 256  # the schema cache's cap (Grammars) bounds what the corpus may add; the tiny bundle's KV is small
+
+
+def resident_mib(pid: int) -> dict[str, float]:
+    """The process's peak (VmHWM) and current (VmRSS) resident memory in MiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS")}
+
+
 def base(chat: bool) -> dict:
     body = {"model": "tiny", "max_tokens": 3}
     return {**body, "messages": [{"role": "user", "content": "hi"}]} if chat else {**body, "prompt": "hi"}
 
 
-def check(r: "httpx.Response", body) -> None:
+def strict(text: str):
+    """JSON parsed strictly: NaN, Infinity and -Infinity are refused."""
+    def refuse(name):
+        raise ValueError(f"non-finite number {name} in {text[:300]}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def check(r: "httpx.Response", body) -> list[dict]:
+    """The response is an OpenAI error, a JSON completion or a stream ending in [DONE], all strict JSON; the
+    completion objects (one, or one per event)."""
     assert r.status_code < 500, (body, r.status_code, r.text)
     if r.status_code >= 400:
         assert r.headers["content-type"].startswith("application/json"), (body, r.text)
-        err = r.json()["error"]
+        err = strict(r.text)["error"]
         assert isinstance(err["message"], str) and err["message"] and err["type"], (body, r.text)
-    elif r.headers["content-type"].startswith("text/event-stream"):
+        return []
+    if r.headers["content-type"].startswith("text/event-stream"):
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", (body, r.text)
-    else:
-        assert r.status_code == 200 and r.json()["choices"], (body, r.text)
+        return [strict(e) for e in events[:-1]]
+    out = strict(r.text)
+    assert r.status_code == 200 and out["choices"], (body, r.text)
+    return [out]
 
 
 def send(s: LiveServer, path: str, data: bytes, ctype: str = "application/json") -> "httpx.Response":
@@ -141,3 +170,185 @@ def test_fields_and_bytes_many(server, chat, changes, seed, rounds):
     for _ in range(rounds):
         data = mutate(data, rng)
     check(send(s, PATHS[chat], data), data[:200])
+
+
+# -- structured output: random JSON schemas ------------------------------------------------------------------
+SCHEMA_RUNS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+NAMES = st.sampled_from(["a", "b", "c", "id", "x y"])
+SCALAR = st.none() | st.booleans() | st.integers(-20, 20) | st.sampled_from([0.5, -1.25, "", "x", "ab", "\u00e9"])
+PATTERNS = st.sampled_from(["^[a-c]+$", "^x[0-9]{1,3}$", "[a-z]", "^(ab|cd)*$", "^\\d{2}-\\d{2}$", "^[^\"]{0,4}$"])
+LEAF = st.one_of(
+    st.fixed_dictionaries({"type": st.just("integer")}, optional={
+        "minimum": st.integers(-50, 50), "maximum": st.integers(-50, 50),
+        "exclusiveMinimum": st.integers(-50, 50), "exclusiveMaximum": st.integers(-50, 50)}),
+    st.fixed_dictionaries({"type": st.just("number")}, optional={
+        "minimum": st.sampled_from([-1.5, 0, 2, 10]), "maximum": st.sampled_from([-1, 0.5, 3, 100])}),
+    st.fixed_dictionaries({"type": st.just("string")}, optional={
+        "minLength": st.integers(0, 5), "maxLength": st.integers(0, 8), "pattern": PATTERNS,
+        "format": st.sampled_from(["date", "email", "uuid", "date-time", "ipv4", "time"])}),
+    st.just({"type": "boolean"}), st.just({"type": "null"}), st.just({}),
+    st.fixed_dictionaries({"enum": st.lists(SCALAR, min_size=1, max_size=4, unique_by=json.dumps)}),
+    st.fixed_dictionaries({"const": SCALAR}),
+    # what the grammar cannot enforce: a 400 naming the keyword, never a 200 that breaks it
+    st.sampled_from([{"type": "integer", "multipleOf": 3}, {"not": {"type": "null"}}, {"type": "array", "contains": {}},
+                     {"type": "array", "uniqueItems": True}, {"if": {}, "then": {}}, {"type": "string", "pattern": "^\t$"},
+                     {"dependentRequired": {"a": ["b"]}}, {"type": "object", "required": ["zz"]}]),
+)
+
+
+def _object(props: dict, required: list[bool], extra) -> dict:
+    out = {"type": "object", "properties": props, "required": [k for k, r in zip(sorted(props), required) if r]}
+    if extra is not None:
+        out["additionalProperties"] = extra
+    return out
+
+
+def _extend(child):
+    return st.one_of(
+        st.builds(_object, st.dictionaries(NAMES, child, max_size=3), st.lists(st.booleans(), min_size=3, max_size=3),
+                  st.none() | st.booleans() | child),
+        st.fixed_dictionaries({"type": st.just("array"), "items": child},
+                              optional={"minItems": st.integers(0, 2), "maxItems": st.integers(0, 3)}),
+        st.fixed_dictionaries({"type": st.just("array"), "prefixItems": st.lists(child, min_size=1, max_size=2)},
+                              optional={"items": st.just(False)}),
+        st.lists(child, min_size=1, max_size=3).map(lambda xs: {"anyOf": xs}),
+        st.lists(child, min_size=1, max_size=2).map(lambda xs: {"oneOf": xs}),
+        child.map(lambda x: {"allOf": [x]}),
+        child.map(lambda x: {"$defs": {"d": x}, "$ref": "#/$defs/d"}),
+    )
+
+
+SCHEMAS = st.recursive(LEAF, _extend, max_leaves=6)
+
+
+def schema_format(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+
+
+def generated_text(chunks: list[dict], chat: bool, stream: bool) -> tuple[str, str | None]:
+    """The first choice's whole text and its finish reason, from a completion or its stream's events."""
+    texts, reason = [], None
+    for c in chunks:
+        for choice in c.get("choices", []):
+            if choice["index"]:
+                continue
+            if chat:
+                part = (choice.get("delta") or {}).get("content") if stream else choice["message"]["content"]
+            else:
+                part = choice["text"]
+            texts.append(part or "")
+            reason = choice.get("finish_reason") or reason
+    return "".join(texts), reason
+
+
+def schema_case(s: LiveServer, schema: dict, chat: bool, stream: bool, seed: int) -> None:
+    """A 400 names response_format; a 200 that finished (stop) returns JSON that the schema accepts."""
+    body = {**base(chat), "max_tokens": 40, "temperature": 1.0, "seed": seed, "stream": stream,
+            "response_format": schema_format(schema)}
+    r = send(s, PATHS[chat], json.dumps(body).encode())
+    chunks = check(r, body)
+    if r.status_code >= 400:
+        assert r.status_code == 400 and strict(r.text)["error"]["param"] == "response_format", (schema, r.text)
+        event("400")
+        return
+    text, reason = generated_text(chunks, chat, stream)
+    event(f"200, finish_reason {reason}")  # --hypothesis-show-statistics: how many outputs were validated
+    if reason == "stop":
+        jsonschema.validate(strict(text), schema, cls=jsonschema.Draft202012Validator)
+
+
+@given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 3))
+@SCHEMA_RUNS
+def test_generated_schemas(server, schema, chat, stream, seed):
+    schema_case(server[0], schema, chat, stream, seed)
+
+
+@pytest.mark.heavy
+@given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@LARGE
+def test_generated_schemas_many(server, schema, chat, stream, seed):
+    schema_case(server[0], schema, chat, stream, seed)
+
+
+# -- logprobs, penalties and logit_bias together ------------------------------------------------------------------
+SAMPLING = {
+    "temperature": st.sampled_from([0, 0.3, 1.0, 2.0]), "top_p": st.sampled_from([1e-9, 0.1, 0.9, 1.0]),
+    "top_k": st.integers(0, 300), "seed": st.integers(0, 2**32), "n": st.integers(1, 3), "stream": st.booleans(),
+    "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.sampled_from([0.01, 0.5, 1.0, 1.3, 10.0]),
+    "logit_bias": st.dictionaries(st.integers(0, 259).map(str), st.sampled_from([-100, -1.5, 0, 3, 100]), max_size=6),
+    "stop": st.lists(st.sampled_from(["a", "\n", "ab", "}"]), max_size=2),
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"},
+                                        schema_format({"type": "object", "properties": {"k": {"type": "integer"}}})]),
+}
+CHAT_LOGPROBS = st.fixed_dictionaries({"logprobs": st.booleans()}, optional={"top_logprobs": st.integers(0, 20), **SAMPLING})
+TEXT_LOGPROBS = st.fixed_dictionaries({"logprobs": st.integers(0, 5)}, optional={"echo": st.booleans(), **SAMPLING})
+
+
+def logprob_values(chunks: list[dict], chat: bool) -> list[float]:
+    out = []
+    for c in chunks:
+        for choice in c.get("choices", []):
+            lp = choice.get("logprobs")
+            if not lp:
+                continue
+            if chat:
+                out += [t["logprob"] for t in lp["content"]] + [a["logprob"] for t in lp["content"] for a in t["top_logprobs"]]
+            else:
+                out += [x for x in lp["token_logprobs"] if x is not None]
+                out += [x for tops in lp["top_logprobs"] if tops for x in tops.values()]
+    return out
+
+
+@given(chat=st.booleans(), chat_fields=CHAT_LOGPROBS, text_fields=TEXT_LOGPROBS)
+@SCHEMA_RUNS
+def test_logprobs_penalties_and_bias_together(server, chat, chat_fields, text_fields):
+    """Every combination answers 200 or a 400 naming its field; every logprob is a finite number <= 0."""
+    s, _ = server
+    body = {**base(chat), "max_tokens": 8, **(chat_fields if chat else text_fields)}
+    r = send(s, PATHS[chat], json.dumps(body).encode())
+    chunks = check(r, body)
+    if r.status_code >= 400:
+        assert r.status_code == 400 and strict(r.text)["error"]["param"], (body, r.text)
+        return
+    assert all(isinstance(x, float | int) and -1e4 <= x <= 1e-4 for x in logprob_values(chunks, chat)), (body, r.text)
+
+
+# -- the prefix cache's isolation domains --------------------------------------------------------------------------
+KEYS = ("key-one", "key-two")
+
+
+@pytest.fixture(scope="module")
+def keyed(bundles, tmp_path_factory):
+    s = LiveServer(bundles["draft"], tmp_path_factory.mktemp("fuzz-keys") / "serve.log", "--api-key", KEYS[0],
+                   "--api-key", KEYS[1], "--prefix-cache-mb", "16")
+    yield s, iter(range(10**9))
+    try:
+        log = s.log()
+        assert "Traceback" not in log and "internal error" not in log, log[-4000:]
+    finally:
+        s.stop()
+
+
+SALTS = st.none() | st.sampled_from(["a", "b", "A", "a ", "\u00e9", "x" * 256]) | st.sampled_from(["", "x" * 257, 5, ["a"]])
+
+
+@given(visits=st.lists(st.tuples(st.sampled_from(KEYS), SALTS), min_size=1, max_size=5))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_prefix_cache_reuse_stays_within_key_and_salt(keyed, visits):
+    """The same prompt sent under several (key, salt) pairs: cached tokens only from an earlier visit of the
+    same pair; a salt that is not 1 to 256 characters is a 400 naming cache_salt."""
+    s, fresh = keyed
+    prompt = f"{next(fresh):06d} " + "secret 4711 " * 12  # its own blocks: nothing cached from other examples
+    seen = set()
+    for key, salt in visits:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, **({} if salt is None else {"cache_salt": salt})}
+        r = s.post("/v1/completions", body, authorization=f"Bearer {key}")
+        check(r, body)
+        if not (salt is None or isinstance(salt, str) and 1 <= len(salt) <= 256):
+            assert r.status_code == 400 and strict(r.text)["error"]["param"] == "cache_salt", r.text
+            continue
+        assert r.status_code == 200, r.text
+        cached = strict(r.text)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == (128 if (key, salt) in seen else 0), (visits, key, salt, cached)
+        seen.add((key, salt))

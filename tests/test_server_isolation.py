@@ -300,6 +300,40 @@ def test_non_streamed_requests_whose_clients_left_stop_generating(bundles, tmp_p
         s.stop()
 
 
+# -- 6: prompt logprobs are read chunk by chunk --------------------------------------------------------------
+def peak_and_resident_mib(pid: int) -> tuple[float, float]:
+    """The process's peak resident memory (VmHWM) and its resident memory now (VmRSS), in MiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return int(fields["VmHWM"].split()[0]) / 1024, int(fields["VmRSS"].split()[0]) / 1024
+
+
+def test_echo_of_a_long_prompt_costs_no_more_memory_than_its_prefill(bundles, tmp_path):
+    """A 4,000-token prompt with echo and logprobs raises the server's peak memory by at most ECHO_MIB over
+    the same prompt without them (one pass over the whole prompt would hold its prompt x prompt attention),
+    leaves at most ECHO_MIB more resident, and its prompt logprobs equal those of a short prompt read in one
+    pass (the long prompt starts with the short one)."""
+    ECHO_MIB = 48
+    s = LiveServer(bundles["long_lookup"], tmp_path / "serve.log", "--prefix-cache-mb", "0")
+    prompt = [(i * 37) % 250 + 1 for i in range(4000)]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    try:
+        assert s.post("/v1/completions", body, timeout=600).status_code == 200
+        peak, resident = peak_and_resident_mib(s.proc.pid)
+        r = s.post("/v1/completions", {**body, "echo": True, "logprobs": 2}, timeout=600)
+        assert r.status_code == 200, r.text
+        echo_peak, echo_resident = peak_and_resident_mib(s.proc.pid)
+        assert echo_peak - peak <= ECHO_MIB and echo_resident - resident <= ECHO_MIB, (peak, echo_peak, resident, echo_resident)
+        long = strict(r.text)["choices"][0]["logprobs"]
+        assert len(long["token_logprobs"]) == 4002 and long["token_logprobs"][0] is None
+        short = s.post("/v1/completions", {**body, "prompt": prompt[:200], "echo": True, "logprobs": 2})
+        want = strict(short.text)["choices"][0]["logprobs"]
+        assert long["token_logprobs"][1:200] == pytest.approx(want["token_logprobs"][1:200], abs=1e-4)
+        assert [list(t) for t in long["top_logprobs"][1:200]] == [list(t) for t in want["top_logprobs"][1:200]]
+        no_trouble(s)
+    finally:
+        s.stop()
+
+
 # -- 7: the prefix cache isolates clients ---------------------------------------------------------------------
 def test_the_prefix_cache_is_shared_only_within_one_key_and_salt(bundles, tmp_path):
     s = LiveServer(bundles["draft"], tmp_path / "serve.log", "--api-key", "key-one", "--api-key", "key-two",

@@ -4,6 +4,10 @@ Each pass runs at most `chunk` tokens per row against the cache so far, so no pa
 prompt-by-prompt attention mask and prefill time grows linearly with the prompt. A `Prefill` runs
 one chunk per `step`, which lets the scheduler run a decode round of the running batch between a
 long prompt's chunks. A row's next token is chosen in the pass that holds its last prompt token.
+
+Rows that ask for their prompt's logprobs (echo) read every prompt row's logits, chunk by chunk: a pass
+returns [rows, tokens, vocab] float32 logits, so its tokens are cut to keep that within PROMPT_LOGITS
+(`echo_chunk`), and only each token's logprob and top alternatives are kept from it.
 """
 from __future__ import annotations
 
@@ -14,6 +18,16 @@ from .kv_cache import KVCache
 from .state import Batch
 from .step import DEFAULT_CHUNK, TOKEN_AXIS, pad_right  # noqa: F401 (DEFAULT_CHUNK: the setting's home)
 from .verifier import Verifier, Verdict
+
+# Most logits a prefill pass reading prompt logprobs may return (2**24 float32: 64 MiB). Without a cap one
+# pass over a long prompt would hold prompt x vocabulary floats (7,000 x 49,152: 1.4 GB) and its log-softmax.
+PROMPT_LOGITS = 1 << 24
+
+
+def echo_chunk(chunk: int, rows: int, vocab: int) -> int:
+    """Tokens per row of a pass that returns every fed token's logits: at most `chunk`, and few enough
+    that its [rows, tokens, vocab] logits stay within PROMPT_LOGITS."""
+    return max(1, min(chunk, PROMPT_LOGITS // max(1, rows * vocab)))
 
 
 class Prefill:
@@ -32,11 +46,12 @@ class Prefill:
         self.u = batch.noise(1)[:, 0]  # drawn once, as an unchunked prefill would
         self.next_token: list[int | None] = [None] * len(self.prompts)
         self.extra: dict[str, list[list[torch.Tensor]]] = {}
-        # logprobs of each row's first token and, for rows that ask (echo), of its prompt, which are read
-        # from one pass over the whole prompt (`echo` prefills in a single chunk)
-        self.echo = any(s.rule is not None and s.rule.rules.prompt_logprobs for s in batch.seqs)
+        # logprobs of each row's first token and, for rows that ask (echo), of its prompt, gathered chunk by chunk
+        self.asks = [s.rule is not None and s.rule.rules.prompt_logprobs for s in batch.seqs]
+        self.echo = any(self.asks)
         self.logprobs: list | None = [None] * len(self.prompts)
         self.prompt_logprobs: list | None = [None] * len(self.prompts)
+        self._prompt_lp: list[list] = [[] for _ in self.prompts]
 
     @property
     def done(self) -> bool:
@@ -49,7 +64,9 @@ class Prefill:
     def step(self, chunk: int | None = None) -> None:
         """Enter the next chunk of every row's prompt (at most `chunk` tokens a row, default self.chunk)."""
         cache: KVCache = self.batch.cache
-        size = max(len(p) for p in self.prompts) if self.echo else max(1, int(chunk or self.chunk))
+        size = max(1, int(chunk or self.chunk))
+        if self.echo:
+            size = echo_chunk(size, len(self.prompts), self.verifier.target.dims.vocab_size)
         parts = [p[n:n + size] for p, n in zip(self.prompts, self.entered)]
         counts = [len(x) for x in parts]
         ids, n_feed = pad_right([x or p[-1:] for x, p in zip(parts, self.prompts)], cache.lengths.device)
@@ -57,14 +74,17 @@ class Prefill:
         rows = (n_feed - 1)[:, None]
         if self.echo:  # every prompt row's logits, the row's last one at the end
             rows = torch.minimum(torch.arange(ids.shape[1], device=ids.device)[None, :], rows)
-        verdict = self.verifier.next_token(cache, ids, rows, self.params, self.u)
+        verdict = self.verifier.next_token(cache, ids, rows, self.params, self.u,
+                                           prompt_at=list(self.entered) if self.echo else None)
         cache.commit(verdict.new_k, verdict.new_v, torch.tensor(counts, device=cache.lengths.device))
         nxt = verdict.next_token.tolist()
         for b, (p, n, c) in enumerate(zip(self.prompts, self.entered, counts)):
+            if c and verdict.prompt_logprobs and verdict.prompt_logprobs[b] is not None:
+                self._prompt_lp[b] += verdict.prompt_logprobs[b]
             if c and n + c == len(p):
                 self.next_token[b] = nxt[b]
                 self.logprobs[b] = verdict.logprobs[b] if verdict.logprobs else None
-                self.prompt_logprobs[b] = verdict.prompt_logprobs[b] if verdict.prompt_logprobs else None
+                self.prompt_logprobs[b] = self._prompt_lp[b] if self.asks[b] else None
             for name, value in verdict.extra.items():
                 if name in TOKEN_AXIS:  # one entry per token (features); the rest are not about the prompt
                     self.extra.setdefault(name, [[] for _ in self.prompts])[b].append(value[b, :c])

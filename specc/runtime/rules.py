@@ -301,18 +301,20 @@ class BatchRules:
         return out
 
 
-    def prompt_logprobs(self, logits: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> list | None:
-        """Per row asking for them: its prompt tokens' logprobs, read from a prefill's logits [B, T, V] at rows
-        [B, T] (every prompt row); the first token has none (logprob None). The model's own: no transform
-        applies to a prompt."""
+    def prompt_logprobs(self, logits: torch.Tensor, prompt_at: list[int], fed: list[int]) -> list | None:
+        """Per row asking for them: the logprobs of the prompt tokens that one prefill chunk's logits [B, T, V]
+        predict. Row b fed `fed[b]` tokens from prompt position prompt_at[b], and logits[b, i] predicts prompt
+        token prompt_at[b] + i + 1; the first prompt token has none (logprob None). The model's own: no
+        transform applies to a prompt."""
         out = []
         for b, rule in enumerate(self.rows):
             if rule is None or not rule.rules.prompt_logprobs:
                 out.append(None)
                 continue
-            n = len(rule.prompt)
-            first = (rule.prompt[0], None, [])
-            out.append([first] + token_logprobs(logits[b, : n - 1], rule.prompt[1:], rule.rules.logprobs or 0))
+            start, prompt = prompt_at[b], rule.prompt
+            n = max(0, min(fed[b], len(prompt) - 1 - start))
+            head = [(prompt[0], None, [])] if start == 0 and fed[b] else []
+            out.append(head + token_logprobs(logits[b, :n], prompt[start + 1:start + 1 + n], rule.rules.logprobs or 0))
         return out
 
 

@@ -48,9 +48,10 @@ class Verifier:
         self.target = target
 
     def next_token(self, cache: KVCache, ids: torch.Tensor, rows: torch.Tensor, params: RowParams,
-                   u: torch.Tensor) -> Verdict:
+                   u: torch.Tensor, prompt_at: list[int] | None = None) -> Verdict:
         """No drafts (prefill, a plain decode step): run ids [B, T] and choose each row's next token at rows
-        [B, R], at its last column (R > 1, a prefill asking for prompt logprobs: every prompt row)."""
+        [B, R], at its last column. prompt_at: a prefill chunk reading prompt logprobs (rows: every fed row),
+        the prompt position of each row's ids[b, 0]; the verdict then holds that chunk's prompt logprobs."""
         if self.target.verify_head:
             out = self.target.head_outputs(cache, ids, rows, params, u)
             return _verdict(out, out["n_accepted"], out["next_token"])
@@ -61,8 +62,8 @@ class Verifier:
         verdict = _verdict(out, torch.zeros_like(nxt), nxt)
         if rules:
             verdict.logprobs = rules.logprobs(logits, [[t] for t in nxt.tolist()])
-            if rows.shape[1] > 1:
-                verdict.prompt_logprobs = rules.prompt_logprobs(out["logits"], ids, rows)
+            if prompt_at is not None:
+                verdict.prompt_logprobs = rules.prompt_logprobs(out["logits"], prompt_at, (rows[:, -1] + 1).tolist())
         return verdict
 
     def chain(self, batch: Batch, proposal: Proposal, params: RowParams, u_accept: torch.Tensor,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -25,6 +26,7 @@ MAX_PATTERN_CHARS = 1000
 MAX_PATTERN_SIZE = 512  # a pattern's atoms once counted repetitions are expanded ({1,62} nested thrice: 7,688)
 COMPILE_TIMEOUT_S = 10.0  # how long a request waits for its schema to compile
 SEARCH_STATES = 512  # grammar states the satisfiability search may visit
+SEARCH_SECONDS = 0.25  # and the wall time it may take: past either it gives up (the schema runs)
 CACHE_ENTRIES = 256
 CACHE_BYTES = 256 << 20
 
@@ -68,6 +70,7 @@ class Grammars:
         self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()  # held only to look up and update the cache, never while compiling
         self._pool: ThreadPoolExecutor | None = None
+        self._admits: OrderedDict[str, bool | None] = OrderedDict()  # schema -> admits_output's verdict
         self.decoded: list[bytes] | None = None  # each token's own bytes (once the compiler is built)
 
     def decode_vocab(self) -> list[bytes] | None:
@@ -100,8 +103,28 @@ class Grammars:
         cannot be enforced, what the library could not compile, or that it took longer than `timeout`."""
         if schema != JSON_OBJECT:
             check_schema(schema)
-        return self._compiled(schema, timeout, "json_schema", "(fewer or shorter enum values, patterns with "
-                                                              "smaller repetition counts)")
+        grammar = self._compiled(schema, timeout, "json_schema", "(fewer or shorter enum values, patterns with "
+                                                                 "smaller repetition counts)")
+        if schema != JSON_OBJECT and self._verdict(schema, grammar) is False:
+            raise RequestError("json_schema admits no output the model can write: every way to start it leads to a "
+                               "place where only raw control characters (or nothing) may follow, and compact JSON "
+                               "allows none (a pattern that needs a tab or newline inside a string is one)")
+        return grammar
+
+    def _verdict(self, schema: str, grammar) -> bool | None:
+        """admits_output for the compiled schema, searched once and remembered. It runs in the caller's thread,
+        not the grammar thread: the search is Python holding the interpreter lock, and a low-priority thread
+        preempted while holding it would stall the engine's thread waiting for it."""
+        with self._lock:
+            if schema in self._admits:
+                self._admits.move_to_end(schema)
+                return self._admits[schema]
+        verdict = admits_output(self.matcher(schema, grammar), self.vocab_size)
+        with self._lock:
+            self._admits[schema] = verdict
+            while len(self._admits) > CACHE_ENTRIES:
+                self._admits.popitem(last=False)
+        return verdict
 
     def compile_tag(self, tag: str, timeout: float = COMPILE_TIMEOUT_S):
         """The compiled grammar of an xgrammar structural tag (JSON text; tool calls, serving/tools.py), on the
@@ -158,13 +181,8 @@ class Grammars:
     def _compile_checked(self, schema: str):
         # compact JSON (no free whitespace): a model cannot stall in endless spaces
         text = '{"type": "object"}' if schema == JSON_OBJECT else schema
-        grammar = self._compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
-                                                     strict_mode=schema != JSON_OBJECT)
-        if schema != JSON_OBJECT and admits_output(self.matcher(schema, grammar), self.vocab_size) is False:
-            raise RequestError("json_schema admits no output the model can write: every way to start it leads to a "
-                               "place where only raw control characters (or nothing) may follow, and compact JSON "
-                               "allows none (a pattern that needs a tab or newline inside a string is one)")
-        return grammar
+        return self._compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
+                                                  strict_mode=schema != JSON_OBJECT)
 
     def _compile_tag(self, tag: str):
         # no satisfiability search: a tag has no printable mask (TagMatcher), so the control-character dead end
@@ -298,18 +316,20 @@ def _pattern_size(items) -> int:
     return total
 
 
-def admits_output(matcher: "CompactJsonMatcher", vocab: int, budget: int = SEARCH_STATES) -> bool | None:
+def admits_output(matcher: "CompactJsonMatcher", vocab: int, budget: int = SEARCH_STATES,
+                  seconds: float = SEARCH_SECONDS) -> bool | None:
     """Whether some output completes the grammar under the masks: True (found one), False (every path
-    ends where no token is allowed), None (undecided within `budget` states: assumed to)."""
+    ends where no token is allowed), None (undecided within `budget` states or `seconds`: assumed to)."""
     import xgrammar as xgr
 
     bitmask = xgr.allocate_token_bitmask(1, vocab)
     visited = 0
+    deadline = time.monotonic() + seconds
 
     def search(depth: int) -> bool | None:
         nonlocal visited
         visited += 1
-        if visited > budget or depth > 64:
+        if visited > budget or depth > 64 or time.monotonic() > deadline:
             return None
         if not matcher.fill_next_token_bitmask(bitmask):
             return False

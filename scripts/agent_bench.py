@@ -238,33 +238,50 @@ def ask(client: openai.OpenAI, model: str, turn: Turn, max_tokens: int) -> None:
     turn.completion_tokens, turn.prompt_tokens = r.usage.completion_tokens, r.usage.prompt_tokens
     details = r.usage.prompt_tokens_details
     turn.cached_tokens = (details.cached_tokens or 0) if details else 0
+    calls = ", ".join(name for name, _ in turn.reply["calls"]) or "text"
+    choice = turn.tool_choice if isinstance(turn.tool_choice, str) else turn.tool_choice["function"]["name"]
+    print(f"  turn ({choice}): {calls}, {turn.completion_tokens} tokens in {turn.seconds:.1f} s", file=sys.stderr)
 
 
-def choice_for(step: int, max_steps: int, policy: str) -> str:
-    """auto: every turn. required: a call on every turn but the last, which must answer in text."""
+PLAN = ["list_files", "read_file", "read_file", "search", "write_file", "run_tests"]
+
+
+def next_choice(step: int, max_steps: int, policy: str, results: list[str]) -> str | dict:
+    """plan: the tool of each step named (PLAN), then an answer in text (none). auto: every turn. required: a call on
+    every turn until the tests pass (or the last turn), then an answer in text, as an agent that checks the tests
+    itself would ask."""
+    if policy == "plan":
+        return {"type": "function", "function": {"name": PLAN[step]}} if step < len(PLAN) else "none"
     if policy == "auto":
         return "auto"
-    return "none" if step == max_steps - 1 else "required"
+    done = any(r.endswith(" passed") and "failed" not in r for r in results)
+    return "none" if done or step == max_steps - 1 else "required"
 
 
 def episode(client: openai.OpenAI, model: str, index: int, task: Task, max_steps: int, max_tokens: int,
-            policy: str) -> list[Turn]:
-    """The agent loop on one task: call the model, run its tool calls, feed the results back."""
+            policy: str, script: list[dict] | None = None) -> list[Turn]:
+    """The agent loop on one task: call the model, run its tool calls, feed the results back. With a script (the
+    reference's replies) the history follows the script, so every system is sent the reference's requests."""
     work = Workspace(task)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task.request}]
-    turns = []
-    for step in range(max_steps):
-        turn = Turn(list(messages), choice_for(step, max_steps, policy))
+    turns: list[Turn] = []
+    results: list[str] = []
+    steps = len(script) if script else len(PLAN) + 1 if policy == "plan" else max_steps
+    for step in range(steps):
+        choice = script[step]["tool_choice"] if script else next_choice(step, max_steps, policy, results)
+        turn = Turn(list(messages), choice)
         ask(client, model, turn, max_tokens)
         turns.append(turn)
-        calls = turn.reply["calls"]
+        reply = script[step] if script else turn.reply
+        calls = reply["calls"]
         if not calls:
             break
         ids = [f"call_{index}_{step}_{i}" for i in range(len(calls))]
-        messages.append({"role": "assistant", "content": turn.reply["content"], "tool_calls": [
+        messages.append({"role": "assistant", "content": reply["content"], "tool_calls": [
             {"id": i, "type": "function", "function": {"name": n, "arguments": _whole_json(a)}}
             for i, (n, a) in zip(ids, calls)]})
-        messages += [{"role": "tool", "tool_call_id": i, "content": work.call(n, a)} for i, (n, a) in zip(ids, calls)]
+        results = [work.call(n, a) for n, a in calls]
+        messages += [{"role": "tool", "tool_call_id": i, "content": r} for i, r in zip(ids, results)]
     return turns
 
 
@@ -277,14 +294,9 @@ def _whole_json(arguments: str) -> str:
         return "{}"
 
 
-def replay(client: openai.OpenAI, model: str, reference: list[list[Turn]], max_tokens: int) -> list[list[Turn]]:
-    """The reference's requests, sent again in the same order."""
-    out = []
-    for turns in reference:
-        out.append([Turn(t.messages, t.tool_choice) for t in turns])
-        for t in out[-1]:
-            ask(client, model, t, max_tokens)
-    return out
+def conversation(episodes: list[list[Turn]]) -> list[list[dict]]:
+    """Each turn's tool_choice and reply: what a replay needs (the requests follow from them and the tools)."""
+    return [[{"tool_choice": t.tool_choice, **t.reply} for t in e] for e in episodes]
 
 
 # -- servers and their counters --------------------------------------------------------------------------
@@ -342,8 +354,10 @@ def passes(before: dict, after: dict) -> dict:
 WARMUP = ["Count from 1 to 20.", "Write a Python function that returns the square of a number."]
 
 
-def serve_and_run(bundle: Path, speculative: bool, args, reference: list[list[Turn]] | None) -> tuple[list[list[Turn]], dict]:
-    """Start a server, warm it up on texts outside the workload, run (or replay) the episodes, read its counters."""
+def serve_and_run(bundle: Path, speculative: bool, args, script: list[list[dict]] | None) -> tuple[list[list[Turn]], dict]:
+    """Start a server, warm it up on texts outside the workload, run the episodes (live, or following the script),
+    read its counters."""
+    print(f"{bundle.name}{'' if speculative else ' (target-only)'}:", file=sys.stderr)
     proc, url = start_server(bundle, speculative, args.chat_template, Path(args.log_dir))
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=1800)
@@ -351,12 +365,8 @@ def serve_and_run(bundle: Path, speculative: bool, args, reference: list[list[Tu
             client.chat.completions.create(model="agent", messages=[{"role": "user", "content": text}],
                                            temperature=0, max_tokens=32)
         before = counters(url)
-        if reference is None:
-            tasks = [TASKS[i % len(TASKS)] for i in range(args.episodes)]
-            episodes = [episode(client, "agent", i, t, args.max_steps, args.max_tokens, args.tool_choice)
-                        for i, t in enumerate(tasks)]
-        else:
-            episodes = replay(client, "agent", reference, args.max_tokens)
+        episodes = [episode(client, "agent", i, TASKS[i % len(TASKS)], args.max_steps, args.max_tokens,
+                            args.tool_choice, script[i] if script else None) for i in range(args.episodes)]
         after = counters(url)
     finally:
         proc.terminate()
@@ -373,48 +383,52 @@ def suffix_counters(after: dict) -> dict:
             "suffix_tokens_per_pass": round(after["specc:suffix_tokens_per_pass"], 3)}
 
 
-def summary(episodes: list[list[Turn]], reference: list[list[Turn]], stats: dict) -> dict:
-    """tok/s over request time, tokens, turns, and the replies equal to the reference's."""
+def summary(episodes: list[list[Turn]], script: list[list[dict]], stats: dict) -> dict:
+    """tok/s over request time, tokens, turns, and the replies equal to the script's."""
     turns = [t for e in episodes for t in e]
-    ref = [t for e in reference for t in e]
+    want = [{k: v for k, v in t.items() if k != "tool_choice"} for e in script for t in e]
     tokens, seconds = sum(t.completion_tokens for t in turns), sum(t.seconds for t in turns)
-    equal = sum(a.reply == b.reply for a, b in zip(turns, ref))
+    equal = sum(a.reply == b for a, b in zip(turns, want))
     return {"tokens_per_second": round(tokens / seconds, 2), "tokens": tokens, "seconds": round(seconds, 3),
-            "turns": len(turns), "outputs_equal": f"{equal}/{len(ref)}",
+            "turns": len(turns), "outputs_equal": f"{equal}/{len(want)}",
             "prompt_tokens": sum(t.prompt_tokens for t in turns), "cached_tokens": sum(t.cached_tokens for t in turns),
             "seconds_by_episode": [round(sum(t.seconds for t in e), 3) for e in episodes], **stats}
 
 
 def run(args) -> dict:
-    """Target-only live, then each bundle on the reference's turns; the results in docs/results' format."""
+    """Target-only (live, or following --conversation), then each bundle on its turns; a docs/results file."""
     bundles = [Path(b) for b in args.bundles]
-    reference, stats = serve_and_run(bundles[0], False, args, None)
-    systems = {"target-only": {**summary(reference, reference, stats), "speculative": False}}
+    script = json.loads(args.conversation.read_text())["conversation"] if args.conversation else None
+    if script:
+        args.episodes = len(script)
+    episodes, stats = serve_and_run(bundles[0], False, args, script)
+    script = script or conversation(episodes)
+    systems = {"target-only": {**summary(episodes, script, stats), "speculative": False}}
     for bundle in bundles:
-        episodes, stats = serve_and_run(bundle, True, args, reference)
-        systems[bundle.name] = {**summary(episodes, reference, stats), "speculative": True}
-        print(f"{bundle.name}: {systems[bundle.name]}", file=sys.stderr)
+        episodes, stats = serve_and_run(bundle, True, args, script)
+        systems[bundle.name] = {**summary(episodes, script, stats), "speculative": True}
     base = systems["target-only"]["tokens_per_second"]
-    for s in systems.values():
+    for name, s in systems.items():
         s["speedup_vs_reference"] = round(s["tokens_per_second"] / base, 3)
-    return result_file(args, reference, systems)
+        print(f"{name}: {s}", file=sys.stderr)
+    return result_file(args, script, systems)
 
 
-def result_file(args, reference: list[list[Turn]], systems: dict) -> dict:
-    """The run as a docs/results file (`specc report` renders it), with the reference's conversation."""
+def result_file(args, script: list[list[dict]], systems: dict) -> dict:
+    """The run as a docs/results file (`specc report` renders it), with the conversation every system was sent."""
     from specc.hardware import cpu
 
-    calls = [c[0] for e in reference for t in e for c in t.reply["calls"]]
+    calls = [c[0] for e in script for t in e for c in t["calls"]]
+    turns = sum(len(e) for e in script)
     return {
         "schema": "specc-results/1", "date": datetime.date.today().isoformat(), "provenance": "measured",
         "measured_by": "scripts/agent_bench.py", "machine": cpu(), "command": " ".join(["python", *sys.argv]),
-        "prompt_set": f"scripts/agent_bench.py ({args.episodes} episodes, tool_choice {args.tool_choice})",
-        "prompts": sum(len(e) for e in reference), "prompt_kinds": {"agent turn": sum(len(e) for e in reference)},
+        "prompt_set": f"scripts/agent_bench.py ({len(script)} episodes, tool_choice {args.tool_choice})",
+        "prompts": turns, "prompt_kinds": {"agent turn": turns},
         "max_new_tokens": args.max_tokens, "batch_size": 1, "repeats": 1, "reference": "target-only",
-        "steps_by_episode": [len(e) for e in reference],
+        "steps_by_episode": [len(e) for e in script],
         "tool_calls": {name: calls.count(name) for name in sorted(set(calls))},
-        "systems": systems,
-        "conversation": [[{"tool_choice": t.tool_choice, **t.reply} for t in e] for e in reference],
+        "systems": systems, "conversation": script,
     }
 
 
@@ -422,9 +436,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bundles", nargs="+", help="bundles of one target; the first also serves target-only")
     p.add_argument("--episodes", type=int, default=len(TASKS), help="episodes, cycling through the tasks")
-    p.add_argument("--max-steps", type=int, default=8, help="most turns an episode takes")
+    p.add_argument("--max-steps", type=int, default=8, help="most turns an episode takes (auto and required)")
     p.add_argument("--max-tokens", type=int, default=384, help="max_tokens of each turn")
-    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto")
+    p.add_argument("--tool-choice", choices=("plan", "auto", "required"), default="plan",
+                   help="plan: each step's tool named (list_files, read_file twice, search, write_file, run_tests), "
+                        "then none; auto on every turn; or required until the tests pass, then none")
+    p.add_argument("--conversation", type=Path, help="a results file of this script: every system, target-only "
+                   "included, follows its conversation (a run measured again)")
     p.add_argument("--warmup", type=int, default=2, help="requests outside the workload before it (0 to 2)")
     p.add_argument("--chat-template", type=Path, help="passed to specc serve (a template that renders tools)")
     p.add_argument("--log-dir", default="/tmp", help="where each server's log goes")

@@ -3,7 +3,7 @@
 A scripted coding agent works on a small in-memory Python repository through five tools (list_files,
 read_file, search, run_tests, write_file). Each episode is one task (fix a bug, add a function, rename
 one); the agent sends the conversation with the tools, runs the calls the model makes, feeds their results
-back, and goes on until the model answers in text or the episode reaches --max-steps turns. The tools are
+back, and goes on until the plan ends, the model answers in text, or the episode reaches --max-steps turns. The tools are
 deterministic functions of their arguments and of the files written so far.
 
 Target-only (the first bundle served with --no-speculation) runs the episodes live and sets the
@@ -17,8 +17,10 @@ would in an agent's session. Greedy, one request at a time.
 Per system: completion tokens per second of request time (prefill of each turn's new text included),
 tokens per target pass from the server's /metrics (accepted drafts + rounds, over rounds), and the replies
 equal to target-only's. The first bundle also gives the target-only reference, so all bundles must share
-one target. --tool-choice required asks for a call on every turn but the last (for models that answer
-`auto` in prose); the default, auto, is what agent frameworks send after their first turn.
+one target. --tool-choice plan (the default) names each step's tool (list_files, read_file twice, search,
+write_file, run_tests), then asks for an answer in text (none): small models answer `auto` in prose rather
+than with a call. auto and required (until the tests pass) are for models that pick their own tools.
+--conversation FILE has every system, target-only included, follow a results file's conversation.
 """
 from __future__ import annotations
 

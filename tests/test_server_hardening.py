@@ -234,18 +234,21 @@ def _stream(url: str, body: dict, out: list) -> None:
     out.append(events)
 
 
+QUEUED = 18  # streams queued behind the first one in the drain test
+
+
 def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundles, tmp_path):
     """One row at a time: the first stream is running when SIGTERM comes and finishes within the grace
     period; streams still queued at its end get an error event, then [DONE]; new connections are refused.
-    The grace period is shorter than the queued streams' 1,200 tokens take even on a fast CPU at real-time
+    The grace period is far shorter than the queued streams' 3,600 tokens take even on a fast CPU at real-time
     priority (the tiny model writes a few thousand tokens a second there)."""
     s = LiveServer(bundles["draft"], tmp_path / "serve.log", "--max-batch", "1", "--shutdown-timeout", "0.05",
                    "--k", "3")
     try:
         done: list = []
         threads = [threading.Thread(target=_stream, args=(s.url, {"prompt": "abc", "max_tokens": 8}, done))]
-        threads += [threading.Thread(target=_stream, args=(s.url, {"prompt": f"p{i}", "max_tokens": 200,
-                                                                     "temperature": 0}, done)) for i in range(6)]
+        threads += [threading.Thread(target=_stream, args=(s.url, {"prompt": f"p{i % 10}", "max_tokens": 200,
+                                                                     "temperature": 0}, done)) for i in range(QUEUED)]
         plain: list = []
         threads.append(threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {
             "model": "tiny", "prompt": "q", "max_tokens": 200, "temperature": 0}))))
@@ -253,8 +256,8 @@ def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundle
             t.start()
             time.sleep(0.05)
         end = time.monotonic() + 30
-        while time.monotonic() < end:  # every request admitted (its prompt tokens counted): 3 + 6 x 2 + 1
-            if "specc:prompt_tokens_total 16.0" in httpx.get(s.url + "/metrics", timeout=10).text:
+        while time.monotonic() < end:  # every request admitted (its prompt tokens counted): 3 + QUEUED x 2 + 1
+            if f"specc:prompt_tokens_total {3 + 2 * QUEUED + 1}.0" in httpx.get(s.url + "/metrics", timeout=10).text:
                 break
             time.sleep(0.05)
         start = time.monotonic()
@@ -271,11 +274,11 @@ def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundle
     assert elapsed < 0.5 + 8, elapsed
     r = plain[0]  # a non-streaming request queued behind them all: answered 503, or it finished in time
     assert r.status_code == 200 or (r.status_code == 503 and error_of(r)["code"] == "shutting_down"), r.text
-    assert len(done) == 7 and all(e[0] == 200 and e[-1] == "[DONE]" for e in done), done
+    assert len(done) == QUEUED + 1 and all(e[0] == 200 and e[-1] == "[DONE]" for e in done), done
     last = [json.loads(e[-2]) for e in done]
     finished = [x for x in last if "choices" in x and x["choices"][0]["finish_reason"] in ("length", "stop")]
     cut = [x for x in last if x.get("error", {}).get("code") == "shutting_down"]
-    assert len(finished) + len(cut) == 7, done
+    assert len(finished) + len(cut) == QUEUED + 1, done
     assert finished and cut, done
     short = next(e for e in done if len(e) < 8 + 3)  # the 8-token stream that was running: it finished
     assert json.loads(short[-2])["choices"][0]["finish_reason"] in ("length", "stop"), short

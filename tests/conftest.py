@@ -95,7 +95,7 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
     'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
     (chain and tree), prompt lookup, and prompt lookup in front of the draft model ('lookup_first');
-    'wrong' runs on the torch backend."""
+    lookahead decoding ('lookahead', and 'lookahead_torch' with another window); 'wrong' runs on the torch backend."""
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
     wrong = {"method": "model", "model": str(models_dir / "wrong")}
@@ -116,6 +116,9 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
         "prompt_lookup": (t, {"method": "prompt_lookup", "max_ngram": 2}, {}),
         "lookup_first": (t, {**draft, "lookup": True, "min_ngram": 2}, {}),
         "verify_head": (t, draft, {"speculation": {"k": 3, "verify_head": True}}),
+        "lookahead": (t, {"method": "lookahead"}, {"speculation": {"mode": "tree"}}),
+        "lookahead_torch": (t, {"method": "lookahead", "window": 3, "ngram": 4, "verify_ngrams": 2},
+                            {"speculation": {"mode": "tree"}, "backend": "torch"}),
     })
 
 

@@ -262,9 +262,9 @@ def _check_consistency(r: Recipe) -> None:
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
     method = get_method(d.method)
-    if d.lookup and not method.lookup_in_front:
+    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
+                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
     suffix_used = d.method == "suffix" or d.suffix

@@ -294,7 +294,7 @@ def test_gate_verifies_only_the_pool_where_lanes_cost_more_than_they_find():
     ({"method": "lookahead", "window": 16, "ngram": 8, "verify_ngrams": 16}, {"mode": "tree"}, "draft.window",
      "at most 128"),
     ({"method": "prompt_lookup", "window": 8}, {"k": 3}, "draft.window", "only applies with draft.method lookahead"),
-    ({"method": "lookahead", "lookup": True}, {"mode": "tree"}, "draft.lookup", "chain"),
+    ({"method": "lookahead", "lookup": True}, {"mode": "tree"}, "draft.lookup", "not 'lookahead'"),
 ])
 def test_recipe_errors(draft, speculation, field, words):
     with pytest.raises(RecipeError) as err:

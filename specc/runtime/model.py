@@ -44,7 +44,9 @@ class Completion:
 def _tree_shape(recipe) -> TreeShape:
     """The recipe's tree shape; lookahead's is its window's node count (its drafter lays out the tree)."""
     if recipe.draft.method == "lookahead":
-        return TreeShape(None, depth=1, branching=1, max_nodes=tree_nodes(recipe))
+        d = recipe.draft
+        return TreeShape(None, depth=1, branching=1, max_nodes=tree_nodes(recipe),
+                         name=f"lookahead W{d.window} N{d.ngram} G{d.verify_ngrams}")
     return TreeShape.from_recipe(dataclasses.asdict(recipe.speculation.tree))
 
 

@@ -40,6 +40,7 @@ class TreeShape:
     branching: int = 2
     max_nodes: int = 16
     verify_nodes: int | None = None
+    name: str | None = None  # a drafter that lays out its own tree (lookahead): what its label says
 
     @classmethod
     def from_recipe(cls, tree: dict) -> "TreeShape":
@@ -69,6 +70,8 @@ class TreeShape:
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.paths:
             return f"tree static {len(self.paths)} nodes, depth {self.depth}"
         rerank = f", best {self.verify_nodes} verified" if self.verify_nodes else ""

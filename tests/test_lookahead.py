@@ -1,6 +1,6 @@
 """Lookahead decoding (runtime/drafters/lookahead.py): the tree layout of both branches, the pool's bounds and
 seeding, greedy output equal to target-only (with its own pool, a pool that is always wrong and one that is
-always right, on ONNX Runtime and torch, under k auto's gate, behind the suffix drafter), the sampled
+always right, on ONNX Runtime and torch (AOTInductor: heavy), under k auto's gate, behind the suffix drafter), the sampled
 distribution with its broken-rule twin, k auto's gate, recipe errors."""
 from __future__ import annotations
 
@@ -170,6 +170,19 @@ def test_behind_the_suffix_drafter_repeated_traffic_is_found(models_dir, prompts
         assert bad == []
         passes.append(stats["tokens_per_target_pass"])
     assert model.suffix_cache.metrics()["drafted"] > 0 and passes[1] > passes[0] + 0.5
+
+
+@pytest.mark.heavy
+def test_greedy_equals_target_only_on_aoti(models_dir, prompts, tmp_path):
+    """AOTInductor runs the same tree graph (two compiles: minutes on 2 cores, so outside the default run)."""
+    bundle = build_bundle(tmp_path / "b", models_dir / "target", {"method": "lookahead", "window": 3, "verify_ngrams": 2},
+                          backend="aoti", speculation={"mode": "tree"})
+    model = specc.load(bundle, trust_code=True)
+    some = prompts[:12]
+    truth = _reference(model, some)
+    for kwargs in ({}, {"tree": ANY_TREE}):
+        bad, stats = _mismatches(model, some, truth, 3, **kwargs)
+        assert bad == [] and stats["drafted"] > 0
 
 
 def test_k_must_be_auto(bundles):

@@ -32,15 +32,13 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
 
-from ...limits import lookahead_nodes
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch, Request
 from .base import DraftContext, Drafter
 
-SOURCE = "lookahead"  # Request.draft_memo key and Proposal source
+SOURCE = "lookahead"  # its Request.draft_memo key
 POOL_KEYS = 4096  # first tokens a request's pool keeps n-grams for
 
 
@@ -146,7 +144,6 @@ class LookaheadDrafter(Drafter):
     """Drafts lookahead decoding's two branches as one token tree per row (recipe draft.method lookahead)."""
 
     kind = "lookahead"
-    cost = "lookup"
 
     def __init__(self, window: int, ngram: int, verify_ngrams: int):
         self.window, self.ngram, self.verify_ngrams = window, ngram, verify_ngrams
@@ -156,21 +153,12 @@ class LookaheadDrafter(Drafter):
         s = ctx.settings
         return cls(s["window"], s["ngram"], s["verify_ngrams"])
 
-    @property
-    def nodes(self) -> int:
-        """Most drafted nodes of one of its trees."""
-        return lookahead_nodes(self.window, self.ngram, self.verify_ngrams)
-
     def row(self, seq: Request) -> LookaheadRow:
         state = seq.draft_memo.get(SOURCE)
         if state is None:
             state = seq.draft_memo[SOURCE] = LookaheadRow(seq, self.window, self.ngram, self.verify_ngrams)
         state.sync(seq.tokens)
         return state
-
-    def finds(self, batch: Batch) -> list[int]:
-        """Per row, 1 where the pool has an n-gram after the pending token, else 0."""
-        return [int(bool(self.row(s).pool.guesses(s.tokens[-1]))) for s in batch.seqs]
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         return [self.row(s).tree(s.tokens[-1]) for s in batch.seqs]
@@ -186,10 +174,6 @@ class LookaheadDrafter(Drafter):
                 state.advance(tree.tokens[0], guessed)
             if state is not None:
                 state.last = None
-
-    def probe(self, batch: Batch, k: int) -> Callable[[], object]:
-        seq = batch.seqs[0]
-        return lambda: self.row(seq).pool.guesses(seq.tokens[-1])
 
 
 __all__ = ["LookaheadDrafter", "LookaheadRow", "LookaheadTree", "NgramPool"]

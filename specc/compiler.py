@@ -26,7 +26,7 @@ from .onnx_passes import QuantConfig
 from .passes import build_pipeline
 from .progress import Stages
 from .methods import get_method
-from .recipe import Recipe
+from .recipe import Recipe, tree_nodes
 
 # max |engine - eager| / max(1, max |eager|) over every output, by engine precision (eager runs the traced dtype)
 NUMERICS_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
@@ -318,7 +318,7 @@ def shape_plan(recipe: Recipe, role: str, graph: StepGraph) -> ShapePlan:
     example = dim_sizes(inputs, [i.example.shape for i in graph.inputs])
     return ShapePlan(inputs, plan_profiles(ranges, step_tokens(role, spec.mode,
                                                                auto_k_max(spec.k) if spec.k == "auto" else spec.k,
-                                                               spec.tree.max_nodes)), example)
+                                                               tree_nodes(recipe))), example)
 
 
 def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGraph) -> dict:

@@ -8,6 +8,15 @@ MAX_TREE_BRANCHING = 8  # children per node of a dynamic tree
 MAX_TREE_NODES = 128  # drafted nodes verified in one target pass
 MAX_TREE_CHILD_INDEX = 63  # largest child index in a static tree path
 MAX_NGRAM = 16  # longest n-gram prompt lookup matches
+MAX_LOOKAHEAD_WINDOW = 16  # lanes of lookahead decoding's window (W)
+MAX_LOOKAHEAD_NGRAM = 8  # tokens of its n-grams (N)
+MAX_LOOKAHEAD_VERIFY = 16  # n-grams of its verification branch (G)
+
+
+def lookahead_nodes(window: int, ngram: int, verify_ngrams: int) -> int:
+    """Most drafted nodes of a lookahead round: the window's W (N - 1) tokens but the pending one, and G
+    n-grams of N - 1 tokens (TensorRT-LLM's maxDraftLen)."""
+    return (window + verify_ngrams) * (ngram - 1) - 1
 
 
 def auto_k_max(k: int | str) -> int:

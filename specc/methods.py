@@ -14,7 +14,7 @@ from dataclasses import dataclass
 #   "target" the target itself, traced again or its exported program reused (quantised self-draft)
 #   "exit"   the target's first draft.layer layers with an exit head (passes add_early_exit, truncate_to_exit)
 #   "head"   a learned head over the target's features (Medusa, EAGLE; heads/graph.py)
-#   None     no draft graph (prompt lookup, suffix decoding, or no drafting)
+#   None     no draft graph (prompt lookup, suffix decoding, lookahead decoding, or no drafting)
 GRAPH_KINDS = ("model", "target", "exit", "head", None)
 
 # Draft fields that belong to some methods only; the rest (lookup, n-grams, stop_below) are capabilities below.
@@ -36,6 +36,7 @@ class DraftMethod:
     reads_features: bool = False  # the target graph also returns the hidden states the drafter reads
     draft_attends: bool = True  # the draft graph attends over tokens (a tree mask pass applies to it)
     trees: bool = False  # drafts token trees (speculation.mode tree)
+    tree_only: bool = False  # drafts nothing but token trees: its recipe needs speculation.mode tree
     sized_trees: bool = False  # its node scores estimate acceptance: rounds verify as many nodes as pay (TreeSizer)
     stops: bool = False  # drafts one token at a time and can end a chain early (draft.stop_below)
     lookup_in_front: bool = False  # prompt lookup or the suffix drafter may draft first (draft.lookup, draft.suffix)
@@ -81,6 +82,8 @@ for _method in (
                 requires=("layer",), trees=True, stops=True, lookup_in_front=True, shares_target_cache=True),
     DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter"),
     DraftMethod("suffix", None, f"{_RUNTIME}.suffix:SuffixDrafter", trees=True, sized_trees=True),
+    DraftMethod("lookahead", None, f"{_RUNTIME}.lookahead:LookaheadDrafter", trees=True, tree_only=True,
+                lookup_in_front=True),
     DraftMethod("medusa", "head", f"{_RUNTIME}.heads:MedusaDrafter", fields=("quantize", "head"), requires=("head",),
                 reads_features=True, draft_attends=False, trees=True),
     DraftMethod("eagle", "head", f"{_RUNTIME}.heads:EagleDrafter", fields=("quantize", "head"), requires=("head",),

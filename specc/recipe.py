@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from .errors import RecipeError
-from .limits import AUTO_K_MAX, MAX_K, MAX_NGRAM, MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES
+from .limits import (AUTO_K_MAX, MAX_K, MAX_LOOKAHEAD_NGRAM, MAX_LOOKAHEAD_VERIFY, MAX_LOOKAHEAD_WINDOW, MAX_NGRAM,
+                     MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES, lookahead_nodes)
 from .methods import METHOD_FIELDS, METHODS, get_method, methods_with
 from .speculation.tree import TreeShape
 
@@ -78,8 +79,9 @@ class DraftSpec:
                                 "EAGLE-1/2 or EAGLE-3 head (config.json + safetensors)")
     lookup: bool = _f(False, "method model, quantized, early_exit or eagle (chain mode): draft by prompt lookup in rounds where "
                              "every row finds an n-gram continuation; the model (or head) drafts the other rounds")
-    suffix: bool = _f(False, "method model, quantized, early_exit or eagle: draft by suffix decoding (the request's own "
-                             "context and the outputs of earlier requests) in rounds where every row finds a continuation; "
+    suffix: bool = _f(False, "method model, quantized, early_exit, eagle or lookahead: draft by suffix decoding (the "
+                             "request's own context and the outputs of earlier requests) in rounds where every row finds a "
+                             "continuation; "
                              "the model (or head) drafts the other rounds. Not with lookup: the suffix index already holds "
                              "the request's context")
     suffix_requests: int = _f(256, "method suffix, or suffix: true — outputs of this many recent requests kept to draft from "
@@ -89,6 +91,12 @@ class DraftSpec:
     max_ngram: int = _f(3, "prompt lookup (method prompt_lookup, or lookup: true) — longest n-gram matched against the context",
                         lo=1, hi=MAX_NGRAM)
     min_ngram: int = _f(1, "prompt lookup — shortest n-gram tried before giving up", lo=1, hi=MAX_NGRAM)
+    window: int = _f(4, "method lookahead — lanes of its lookahead branch (W): each guesses ngram - 1 future tokens by "
+                        "Jacobi iteration and adds an n-gram to the pool every round", lo=1, hi=MAX_LOOKAHEAD_WINDOW)
+    ngram: int = _f(3, "method lookahead — tokens of its n-grams (N): a lane guesses N - 1 tokens, a verified n-gram "
+                       "drafts N - 1", lo=2, hi=MAX_LOOKAHEAD_NGRAM)
+    verify_ngrams: int = _f(4, "method lookahead — n-grams of the pool that start with the last token, verified each "
+                               "round (G; 0: only the lanes)", lo=0, hi=MAX_LOOKAHEAD_VERIFY)
     stop_below: float = _f(0.0, "method model, quantized, early_exit or eagle (chain mode): a row's drafts end after the "
                                 "first one the drafter gave a probability below this (0: always k drafts); under k auto any "
                                 "value above 0 turns early stops on at a threshold the policy sets from measured costs (a chain "
@@ -254,9 +262,9 @@ def _check_consistency(r: Recipe) -> None:
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
     method = get_method(d.method)
-    if d.lookup and not method.lookup_in_front:
+    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
         raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
+                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
     if d.lookup and r.speculation.mode != "chain":
         raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
     suffix_used = d.method == "suffix" or d.suffix
@@ -272,6 +280,7 @@ def _check_consistency(r: Recipe) -> None:
     for name, default in (("suffix_requests", 256), ("suffix_tokens", 262144)):
         if getattr(d, name) != default and not suffix_used:
             raise RecipeError(f"draft.{name}", "only applies with draft.method suffix or draft.suffix: true")
+    _check_lookahead(r)
     if d.stop_below and not method.stops:
         raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
                           f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
@@ -303,6 +312,37 @@ def _check_consistency(r: Recipe) -> None:
         except ValueError as exc:
             field = "verify_nodes" if "verify_nodes" in str(exc) else "paths"
             raise RecipeError(f"speculation.tree.{field}", str(exc)) from None
+
+
+LOOKAHEAD_FIELDS = {"window": 4, "ngram": 3, "verify_ngrams": 4}
+
+
+def _check_lookahead(r: Recipe) -> None:
+    """draft.method lookahead: a tree mode recipe whose tree is its window; its fields only with it."""
+    d = r.draft
+    if d.method != "lookahead":
+        for name, default in LOOKAHEAD_FIELDS.items():
+            if getattr(d, name) != default:
+                raise RecipeError(f"draft.{name}", "only applies with draft.method lookahead")
+        return
+    if r.speculation.mode != "tree":
+        raise RecipeError("speculation.mode", "draft.method lookahead verifies its lookahead and verification branches "
+                          "as one token tree: set speculation.mode tree")
+    if r.speculation.tree != TreeSpec():
+        raise RecipeError("speculation.tree", "does not apply to draft.method lookahead: draft.window, draft.ngram and "
+                          "draft.verify_ngrams shape its tree")
+    nodes = lookahead_nodes(d.window, d.ngram, d.verify_ngrams)
+    if nodes > MAX_TREE_NODES:
+        raise RecipeError("draft.window", f"(window + verify_ngrams) x (ngram - 1) - 1 = {nodes} nodes a round; at most "
+                          f"{MAX_TREE_NODES}: lower window, verify_ngrams or ngram")
+
+
+def tree_nodes(r: Recipe) -> int:
+    """Most drafted nodes a tree round of this recipe verifies (the compiled graphs' step size)."""
+    d = r.draft
+    if d.method == "lookahead":
+        return lookahead_nodes(d.window, d.ngram, d.verify_ngrams)
+    return r.speculation.tree.max_nodes
 
 
 def _check_draft_fields(d: DraftSpec) -> None:

@@ -95,8 +95,8 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);
     'tree_*' the same drafts with tree speculation (dynamic top-k, or static paths); early exit
     (chain and tree), prompt lookup, and prompt lookup in front of the draft model ('lookup_first');
-    'long_lookup': prompt lookup with a 4096-token context (long prompts against a live server);
-    'wrong' runs on the torch backend."""
+    'long_lookup': prompt lookup with a 4096-token context (long prompts against a live server); lookahead
+    decoding ('lookahead', and 'lookahead_torch' with another window); 'wrong' runs on the torch backend."""
     t = models_dir / "target"
     draft = {"method": "model", "model": str(models_dir / "draft")}
     wrong = {"method": "model", "model": str(models_dir / "wrong")}
@@ -118,6 +118,9 @@ def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
         "lookup_first": (t, {**draft, "lookup": True, "min_ngram": 2}, {}),
         "verify_head": (t, draft, {"speculation": {"k": 3, "verify_head": True}}),
         "long_lookup": (t, {"method": "prompt_lookup", "max_ngram": 2}, {"limits": {"max_batch": 4, "max_context": 4096}}),
+        "lookahead": (t, {"method": "lookahead"}, {"speculation": {"mode": "tree"}}),
+        "lookahead_torch": (t, {"method": "lookahead", "window": 3, "ngram": 4, "verify_ngrams": 2},
+                            {"speculation": {"mode": "tree"}, "backend": "torch"}),
     })
 
 

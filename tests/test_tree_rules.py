@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specc.speculation.sampling import RowParams, SamplingParams, sample
-from specc.speculation.tree import DraftTree, TreeShape, accept_tree_greedy, accept_tree_sampled, expand_level, rerank
+from specc.speculation.tree import (DraftTree, TreeShape, accept_tree_fixed, accept_tree_greedy, accept_tree_sampled,
+                                   expand_level, rerank)
 
 from stats_helpers import FAIL_P, PASS_P, chi2_pvalue
 
@@ -139,3 +140,44 @@ def test_eagle2_growth_expands_only_the_best_nodes_of_each_level():
         new = expand_level([t], frontier, logits, greedy, shape, 2, torch.zeros(1, 16))[0]
         assert len({t.parent[n] for n in new}) == grown and len(new) == 2 * grown
 
+
+
+def _fixed_tree(g) -> DraftTree:
+    """Distinct candidates chosen without the target's noise (as lookahead's n-grams are): 3 at the root, 2 below each."""
+    t = DraftTree([0], fixed=True)
+    for tok in torch.randperm(VOCAB, generator=g)[:3].tolist():
+        child = t.add(0, tok, 0.0, len(t.children.get(0, [])))
+        for tok2 in torch.randperm(VOCAB, generator=g)[:2].tolist():
+            t.add(child, tok2, 0.0, len(t.children.get(child, [])))
+    return t
+
+
+def _emitted_fixed(rule, seed=0):
+    p, _, g = _dists(seed)
+    first, second = [], []
+    for _ in range(N):
+        t = _fixed_tree(g)
+        path, nxt = rule(torch.stack([p[d] for d in t.depth]), t, torch.rand(t.size + 2, generator=g))
+        toks = [t.tokens[n] for n in path[1:]] + [nxt]
+        first.append(toks[0])
+        if len(toks) > 1:
+            second.append(toks[1])
+    return p, first, second
+
+
+def test_fixed_candidates_rule_is_lossless():
+    p, first, second = _emitted_fixed(accept_tree_fixed)
+    assert chi2_pvalue(first, p[0]) > PASS_P
+    assert chi2_pvalue(second, p[1]) > PASS_P
+
+
+def test_fixed_candidates_under_the_iid_rule_are_caught():
+    """Wrong: the i.i.d. rule with q uniform over each node's candidates, as if they had been drawn from it."""
+    def as_if_drawn(p, tree, u):
+        for node, kids in tree.children.items():
+            tree.q[node] = torch.zeros(VOCAB)
+            tree.q[node][[tree.tokens[c] for c in kids]] = 1.0 / len(kids)
+        return accept_tree_sampled(p, tree, u)
+
+    p, first, second = _emitted_fixed(as_if_drawn)
+    assert min(chi2_pvalue(first, p[0]), chi2_pvalue(second, p[1])) < FAIL_P

@@ -195,7 +195,10 @@ def specc_systems(models: list, k_values: list[int | str], trees: list, batch_si
             continue
         name = model.bundle.path.name
         variants = [(f"chain k={k}", {"k": k}, {"k": k}) for k in k_values]
-        if model.target.step.has_tree_mask and model.drafter.method.trees:
+        if model.drafter.method.tree_only:  # lookahead: k auto gates its own tree; a tree asked for runs it always
+            variants = [(f"{model.tree.label} k=auto", {"k": "auto"}, {"k": "auto"})] if "auto" in k_values else []
+            variants += [(f"{model.tree.label} every round", {"tree": model.tree}, {"tree": model.tree.label})] if trees else []
+        elif model.target.step.has_tree_mask and model.drafter.method.trees:
             variants += [(t.label, {"tree": t}, {"tree": t.label}) for t in trees]
         if not variants:
             label = model.tree.label if model.tree else f"chain k={model.k}"

@@ -13,6 +13,7 @@ import torch
 from ..backends import Runner
 from ..bundle import Bundle, open_bundle
 from ..errors import RequestError, SpeccError, escape_control
+from ..recipe import tree_nodes
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, LookupFirstDrafter, build_drafter
@@ -41,6 +42,15 @@ class Completion:
     error: str | None = None  # finish_reason "error": why this request failed (its own rules, not the batch)
 
 
+def _tree_shape(recipe) -> TreeShape:
+    """The recipe's tree shape; lookahead's is its window's node count (its drafter lays out the tree)."""
+    if recipe.draft.method == "lookahead":
+        d = recipe.draft
+        return TreeShape(None, depth=1, branching=1, max_nodes=tree_nodes(recipe),
+                         name=f"lookahead W{d.window} N{d.ngram} G{d.verify_ngrams}")
+    return TreeShape.from_recipe(dataclasses.asdict(recipe.speculation.tree))
+
+
 class SpecModel:
     """Generate with a compiled bundle: `specc.load(path).generate(["prompt"])`."""
 
@@ -57,7 +67,7 @@ class SpecModel:
         self.k = recipe.speculation.k
         self.stop_below = recipe.draft.stop_below  # a row's chain ends after a draft below this probability
         spec = recipe.speculation
-        self.tree = TreeShape.from_recipe(dataclasses.asdict(spec.tree)) if spec.mode == "tree" else None
+        self.tree = _tree_shape(recipe) if spec.mode == "tree" else None
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
         self.eos_ids = set(m.tokenizer.eos_token_ids)
         self.min_pass_rows = min_target_pass_rows(bundle)  # the target's 1-token passes are padded to this many rows

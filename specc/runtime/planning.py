@@ -119,12 +119,84 @@ class TreeSizer:
 
 
 def cut_path(tree: DraftTree, n: int) -> DraftTree:
-    """A tree that is one path, cut after its first n drafted nodes (its point-mass q kept: still exact)."""
+    """A tree cut after its first n drafted nodes (a path: its point-mass q kept, still exact; any tree whose nodes
+    come after their parents: a tree of the first n)."""
     if tree.size <= n:
         return tree
     return DraftTree(tree.tokens[:n + 1], tree.parent[:n + 1], tree.depth[:n + 1], tree.score[:n + 1],
                      tree.path[:n + 1], {p: [c for c in kids if c <= n] for p, kids in tree.children.items() if p < n},
-                     {node: q for node, q in tree.q.items() if node < n})
+                     {node: q for node, q in tree.q.items() if node < n}, tree.fixed)
+
+
+PLAIN, VERIFY, WHOLE = "plain", "verify", "lookahead"
+
+
+class LookaheadGate:
+    """k auto for lookahead decoding: each round verifies every row's whole tree (both branches), only its
+    verification branch (the pool's n-grams: a narrower pass, the lanes wait) or only its pending token (a plain
+    step), whichever promises the most tokens per second.
+
+    A round's seconds are priced as a + c * width, the width its widest row's verified nodes (`CostLine` over every
+    round of this batch size, plain rounds at width 0; until two widths were seen the slope is PRIOR_SLOPE * a).
+    What a round yields is learned per level: the decayed mean of drafts accepted per row (whole trees) or per row
+    that had n-grams to verify (the verification branch; a row without them gets none), from PRIOR_GAIN on. Tokens
+    per second of a level: the rows' expected tokens over its priced seconds; plain decoding's: the rows over a.
+    A batch size's first round is a plain step, so that the line has its intercept measured.
+    While plain steps win, the whole tree is verified every `gap` rounds all the same (gap doubling from PROBE_GAP
+    up to PROBE_GAP_MAX each time the probe did not win, back to PROBE_GAP when it did), so a pass that costs more
+    than it buys, as a wide pass does on a small CPU, is paid for rarely. One gate per model: calls reuse what
+    earlier calls measured. Cutting a tree keeps a tree of the same candidates, so every round stays exact."""
+
+    PRIOR_SLOPE = 0.05  # a verified node's seconds as a share of a one-token pass, until measured
+    PRIOR_GAIN = 1.0  # drafts accepted per row, until measured: high enough that each level gets tried
+    PROBE_GAP, PROBE_GAP_MAX = 16, 512
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.lines: dict[int, CostLine] = {}
+        self.gain = {VERIFY: self.PRIOR_GAIN, WHOLE: self.PRIOR_GAIN}
+        self.gap, self.since = self.PROBE_GAP, 0  # rounds since the whole tree was last verified
+        self.level, self.rows, self.hit, self.probing = WHOLE, 1, 0, False  # the last sized round's
+        self.plain_seen: set[int] = set()  # batch sizes whose plain steps were measured
+
+    def size(self, trees: list[DraftTree], greedy: list[bool]) -> list[DraftTree]:
+        """Every row's tree cut to the level that promises the most tokens per second (greedy and sampled alike)."""
+        guesses = [getattr(t, "guesses", t.size) for t in trees]
+        widths = {PLAIN: 0, VERIFY: max(guesses), WHOLE: max(t.size for t in trees)}
+        rows, hit = len(trees), sum(1 for g in guesses if g)
+        tokens = {PLAIN: rows, VERIFY: rows + hit * self.gain[VERIFY], WHOLE: rows * (1 + self.gain[WHOLE])}
+        line = self.lines.setdefault(rows, CostLine(self.decay))
+        a, c = line.fit() if line.w else (1.0, None)
+        c = a * self.PRIOR_SLOPE if c is None else c
+        rate = {level: tokens[level] / (a + c * widths[level]) for level in (PLAIN, VERIFY, WHOLE)
+                if level == PLAIN or widths[level]}
+        best = max(rate, key=lambda level: rate[level] + (1e-12 if level == PLAIN else 0.0))
+        if rows not in self.plain_seen:  # a batch size's first round measures a plain step, the price of the rest
+            best = PLAIN
+            self.plain_seen.add(rows)
+        self.since += 1
+        self.probing = best == PLAIN and WHOLE in rate and self.since >= self.gap
+        self.level, self.rows, self.hit = (WHOLE if self.probing else best), rows, hit
+        if self.level == WHOLE:
+            self.since = 0
+            return trees
+        keep = {PLAIN: [0] * rows, VERIFY: guesses}[self.level]
+        return [cut_path(t, n) for t, n in zip(trees, keep)]
+
+    def observe(self, width: int, seconds: float, accepted: int) -> None:
+        """A finished round: its widest row's verified nodes, its seconds, the drafts it accepted."""
+        self.lines.setdefault(self.rows, CostLine(self.decay)).add(width, seconds)
+        if self.level == PLAIN or not width:
+            return
+        per = accepted / max(1, self.hit if self.level == VERIFY else self.rows)
+        self.gain[self.level] = self.decay * self.gain[self.level] + (1 - self.decay) * per
+        if self.probing:
+            self.gap = self.PROBE_GAP if self._whole_wins(width, seconds, accepted) else min(2 * self.gap, self.PROBE_GAP_MAX)
+
+    def _whole_wins(self, width: int, seconds: float, accepted: int) -> bool:
+        """Whether the probe's tokens per second beat plain decoding's as now priced."""
+        a, _ = self.lines[self.rows].fit()
+        return (self.rows + accepted) / seconds > self.rows / a
 
 
 def make_planner(model: "SpecModel", k: int | str, stop_below: float) -> Planner:

@@ -22,7 +22,7 @@ from ..speculation.tree import TreeShape
 from .adaptive import RoundRecord
 from .drafters.base import DraftPlan
 from .kv_cache import KVCache
-from .planning import Planner, TreeSizer, make_planner
+from .planning import LookaheadGate, Planner, TreeSizer, make_planner
 from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK
 from .rounds import RoundResult, chain_round, plain_round, tree_round
@@ -68,6 +68,15 @@ class Scheduler:
         if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
             raise RequestError(f"max_batch must be in [1, {model.max_batch}] (the bundle's limits.max_batch), got {max_batch!r}")
         self.speculative = speculative and model.can_speculate
+        tree_only = self.speculative and model.drafter.method.tree_only
+        # lookahead: k auto (asked for, or the recipe's) lets a gate cut rounds that do not pay to plain steps;
+        # a tree asked for verifies the drafter's whole tree every round
+        gated = tree_only and (k == "auto" or (k is None and tree is None and model.k == "auto"))
+        if tree_only and k is not None:
+            if k != "auto":
+                raise RequestError(f"k must be 'auto' with {model.draft_label} drafting (its window sets the tree it "
+                                   f"verifies; auto chooses each round between that tree and a plain step), got {k!r}")
+            k, tree = None, model.tree
         if k is not None and tree is not None:
             raise RequestError("give k (chain speculation) or tree, not both")
         if tree is not None and not model.target.step.has_tree_mask:
@@ -75,6 +84,8 @@ class Scheduler:
         if tree is not None and not model.drafter.method.trees:
             raise RequestError(f"{model.draft_label} drafting proposes chains, not trees")
         default_tree = model.tree if k is None else None
+        if tree_only:  # the drafter lays out its own tree; the shape only sizes the round's noise
+            tree = model.tree
         self.tree = (tree or default_tree) if self.speculative else None
         if k is None and self.tree is None:
             k = model.k  # the recipe's: an integer or "auto"
@@ -85,6 +96,8 @@ class Scheduler:
             raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
         # trees whose node scores estimate acceptance are cut to what a verify pass of their width pays
         self.sizer = TreeSizer(self.tree.size) if self.tree is not None and model.drafter.method.sized_trees else None
+        if gated:
+            self.sizer = model.policies.setdefault((LookaheadGate,), LookaheadGate())
         chains = self.speculative and self.tree is None
         self.planner = make_planner(model, k, self.stop_below) if chains else Planner(0)
         self.k = self.planner.k_max

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..speculation.sampling import RowParams, accept, choose, probs_from_logits
-from ..speculation.tree import DraftTree, accept_tree_greedy, accept_tree_sampled, rerank, tree_tensors
+from ..speculation.tree import DraftTree, accept_tree_fixed, accept_tree_greedy, accept_tree_sampled, rerank, tree_tensors
 from .drafters.base import Proposal
 from .kv_cache import KVCache
 from .state import Batch
@@ -35,6 +35,8 @@ class Verdict:
     index: torch.Tensor | None = None
     logprobs: list | None = None  # per row asking for them: its emitted tokens' logprobs (runtime/rules.py)
     prompt_logprobs: list | None = None  # per row asking for them at prefill: its prompt's
+    trees: list[DraftTree] | None = None  # a tree round's trees as verified
+    tree_argmax: list[list[int]] | None = None  # ... and the target's argmax after each of their nodes
 
     def commit(self, cache: KVCache) -> None:
         """Write the accepted tokens' KV (and the pending token's) into the cache."""
@@ -105,8 +107,10 @@ class Verifier:
         paths, nexts = [], []
         for b, tree in enumerate(trees):
             n = tree.size + 1
-            path, nxt = (accept_tree_greedy(logits[b, :n], tree) if params.greedy[b]
-                         else accept_tree_sampled(probs[b, :n], tree, noise[b]))
+            if params.greedy[b]:
+                path, nxt = accept_tree_greedy(logits[b, :n], tree)
+            else:
+                path, nxt = (accept_tree_fixed if tree.fixed else accept_tree_sampled)(probs[b, :n], tree, noise[b])
             paths.append(path)
             nexts.append(nxt)
         index, counts = pad_right(paths, cache.lengths.device)
@@ -114,7 +118,7 @@ class Verifier:
         extra = {n: torch.gather(v, 1, index.view(*index.shape, *[1] * (v.dim() - 2)).expand(-1, -1, *v.shape[2:]))
                  for n, v in out.items() if n not in OWN_OUTPUTS}
         verdict = Verdict(counts - 1, torch.tensor(nexts, device=cache.lengths.device), out["new_k"], out["new_v"],
-                          extra, index)
+                          extra, index, trees=trees, tree_argmax=logits.argmax(-1).tolist())
         if params.rules:
             on_path = torch.gather(logits, 1, index[..., None].expand(-1, -1, logits.shape[-1]))
             emitted = [[tree.tokens[n] for n in p[1:]] + [t] for tree, p, t in zip(trees, paths, nexts)]

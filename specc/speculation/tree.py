@@ -12,6 +12,11 @@ at one parent are its candidates, tried in order at verification:
   parent and becomes norm(max(0, r - q)) after each rejection; if no child is accepted the
   next token is drawn from r. Each step is a standard speculative-sampling step with target
   r, so the output is distributed exactly as p.
+- sampling over fixed candidates (`DraftTree.fixed`: distinct tokens chosen from the context, such as
+  lookahead decoding's n-grams, not draws): the same recursive rule with candidate x's draft
+  distribution the point mass at x (`accept_tree_fixed`). Child x is accepted with probability r(x),
+  and a rejection removes x from r; so a node emits exactly a draw from p, and follows the child
+  that draw names when there is one.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class TreeShape:
     branching: int = 2
     max_nodes: int = 16
     verify_nodes: int | None = None
+    name: str | None = None  # a drafter that lays out its own tree (lookahead): what its label says
 
     @classmethod
     def from_recipe(cls, tree: dict) -> "TreeShape":
@@ -64,6 +70,8 @@ class TreeShape:
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.paths:
             return f"tree static {len(self.paths)} nodes, depth {self.depth}"
         rerank = f", best {self.verify_nodes} verified" if self.verify_nodes else ""
@@ -113,6 +121,7 @@ class DraftTree:
     path: list[tuple[int, ...]] = field(default_factory=lambda: [()])  # candidate indices from the root
     children: dict[int, list[int]] = field(default_factory=dict)
     q: dict[int, torch.Tensor] = field(default_factory=dict)  # draft distribution used for a node's children
+    fixed: bool = False  # children are distinct tokens chosen from the context, not draws from q (accept_tree_fixed)
 
     def add(self, parent: int, token: int, logq: float, rank: int) -> int:
         node = len(self.tokens)
@@ -122,6 +131,16 @@ class DraftTree:
         self.score.append(self.score[parent] + logq)
         self.path.append(self.path[parent] + (rank,))
         self.children.setdefault(parent, []).append(node)
+        return node
+
+    def insert(self, parent: int, tokens: list[int]) -> int:
+        """Add `tokens` as a path below `parent`, sharing the nodes of an equal prefix already there (a trie, so
+        siblings stay distinct); returns the path's last node."""
+        node = parent
+        for token in tokens:
+            kids = self.children.get(node, [])
+            same = [c for c in kids if self.tokens[c] == token]
+            node = same[0] if same else self.add(node, token, 0.0, len(kids))
         return node
 
     def ancestors(self, node: int) -> list[int]:
@@ -239,6 +258,26 @@ def accept_tree_greedy(logits: torch.Tensor, tree: DraftTree) -> tuple[list[int]
         if match is None:
             return path, best[node]
         path.append(match)
+
+
+def accept_tree_fixed(p: torch.Tensor, tree: DraftTree, u: torch.Tensor) -> tuple[list[int], int]:
+    """Recursive rejection sampling over fixed, distinct candidates: each child's draft distribution is the
+    point mass at its token, so it is accepted with probability r(x) and a rejection zeroes x in r.
+    p [1 + N, V] target probs per node; u [2 + N] uniforms (u[c] decides child c, u[-1] the final draw)."""
+    path = [0]
+    while True:
+        r = p[path[-1]]
+        for c in tree.children.get(path[-1], []):
+            x = tree.tokens[c]
+            if u[c] < r[x]:
+                path.append(c)
+                break
+            rest = r.clone()
+            rest[x] = 0.0
+            mass = rest.sum()
+            r = rest / mass if mass > 1e-12 else r
+        else:
+            return path, int(sample(r[None], u[-1:])[0])
 
 
 def accept_tree_sampled(p: torch.Tensor, tree: DraftTree, u: torch.Tensor) -> tuple[list[int], int]:

@@ -252,9 +252,10 @@ def test_sigterm_drains_streams_in_flight_and_ends_the_rest_with_an_error(bundle
         plain: list = []
         threads.append(threading.Thread(target=lambda: plain.append(s.post("/v1/completions", {
             "model": "tiny", "prompt": "q", "max_tokens": 200, "temperature": 0}))))
-        for t in threads:
+        threads[0].start()  # the stream in flight when the signal comes
+        time.sleep(0.05)
+        for t in threads[1:]:  # at once: started one by one, the queue would drain as fast as it fills
             t.start()
-            time.sleep(0.05)
         end = time.monotonic() + 30
         while time.monotonic() < end:  # every request admitted (its prompt tokens counted): 3 + QUEUED x 2 + 1
             if f"specc:prompt_tokens_total {3 + 2 * QUEUED + 1}.0" in httpx.get(s.url + "/metrics", timeout=10).text:

@@ -90,6 +90,18 @@ class LazyBundles(dict):
         return self[name]
 
 
+def small_chain_bundle(root: Path, vocab: int) -> tuple[Path, Path]:
+    """A tiny target of `vocab` tokens with sharp logits, and a chain bundle drafted by a one-layer perturbed copy
+    of it: the small enough model the sampled-distribution checks enumerate."""
+    from specc.testing import derive_draft, make_tiny_model
+
+    target = make_tiny_model(root / "target", seed=0, vocab_size=vocab, logit_scale=2.0)
+    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
+    bundle = build_bundle(root / "chain", target, {"method": "model", "model": str(draft)},
+                          limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
+    return target, bundle
+
+
 @pytest.fixture(scope="session")
 def bundles(models_dir, tmp_path_factory) -> dict[str, Path]:
     """Bundles keyed by draft: 'draft' (ORT), 'self' (draft = target), 'wrong' (always rejected);

@@ -94,15 +94,9 @@ DIGITS = {"type": "string", "pattern": "^[0-4][5-8][0-8]$"}  # the byte tokenize
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    from conftest import build_bundle
-    from specc.testing import derive_draft, make_tiny_model
+    from conftest import small_chain_bundle
 
-    root = tmp_path_factory.mktemp("rules_small")
-    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
-    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
-    bundle = build_bundle(root / "chain", target, {"method": "model", "model": str(draft)},
-                          limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
-    return target, bundle
+    return small_chain_bundle(tmp_path_factory.mktemp("rules_small"), VOCAB)
 
 
 def _reference_transform(logits, prompt, out, rules):

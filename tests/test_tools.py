@@ -203,15 +203,9 @@ def _allowed(prefix: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    from conftest import build_bundle
-    from specc.testing import derive_draft, make_tiny_model
+    from conftest import small_chain_bundle
 
-    root = tmp_path_factory.mktemp("tools_small")
-    target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
-    draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
-    bundle = build_bundle(root / "chain", target, {"method": "model", "model": str(draft)},
-                          limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2})
-    return target, bundle
+    return small_chain_bundle(tmp_path_factory.mktemp("tools_small"), VOCAB)
 
 
 def _marginals(target, bias: float) -> tuple:

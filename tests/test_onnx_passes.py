@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specc import kernels
 from specc.backends.trt_coverage import check_onnx
 from specc.block_weights import quantize_rtn
 from specc.onnx_passes import (ALL_ONNX_PASSES, OnnxPassContractError, QuantConfig, describe_onnx_passes,
                                onnxruntime_target_pipeline, run_onnx_passes, tensorrt_target_pipeline)
 from specc.onnx_passes.attend_at_cache_positions import AttendAtCachePositions
+from specc.onnx_passes.attend_with_cache_kernel import AttendWithCacheKernel
 from specc.onnx_passes.compute_attention_in_fp64 import ComputeAttentionInFp64
 from specc.onnx_passes.fold_weight_transposes import FoldWeightTransposes
 from specc.onnx_passes.quantize_int4_gemm import QuantizeInt4Gemm
@@ -398,6 +400,39 @@ def test_attention_at_cache_positions_gives_a_row_the_same_bits_in_any_pass():
         else:
             assert not all(same)
     _assert_attention(verify, (q, k, v), lengths, d)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specc's kernel library is not built here")
+def test_attention_with_cache_kernel_gives_a_row_the_same_bits_in_any_pass():
+    """The CacheAttention operator in place of the Attention node: one node, no Concat of the cache; a token's row is
+    the same bits in a 5-token pass, a 3-token pass, and the 1-token pass after the cache took the tokens before it
+    (padded or not), whatever the capacity; the result is attention computed in float64. A head size the kernel does
+    not take is left to attend_at_cache_positions, and a tree graph as it is."""
+    import onnxruntime as ort
+
+    from specc.backends.onnxruntime_backend import session_options
+
+    hq, hkv, d = 12, 2, 64
+    model = _step_attention_graph(hq, hkv, d)
+    assert AttendWithCacheKernel()(model) == {"attention_in_kernel": 1}
+    assert [n.op_type for n in model.graph.node] == ["CacheAttention"]
+    session = ort.InferenceSession(model.SerializeToString(), session_options(own_kernels=True),
+                                   providers=["CPUExecutionProvider"])
+    lengths = [300, 517]
+    verify, (q, k, v) = _chain_rows(session, hq, hkv, d, lengths, 576, 5)
+    for capacity in (576, 1024):
+        for j in range(5):
+            alone, _ = _chain_rows(session, hq, hkv, d, [n + j for n in lengths], capacity, 1)
+            assert all(np.array_equal(alone[b, :, 0], verify[b, :, j]) for b in range(2))
+        three, _ = _chain_rows(session, hq, hkv, d, [n + 1 for n in lengths], capacity, 3)
+        assert all(np.array_equal(three[b, :, j], verify[b, :, j + 1]) for b in range(2) for j in range(3))
+        padded, _ = _chain_rows(session, hq, hkv, d, [n + 4 for n in lengths], capacity, 1, pad=2)
+        assert all(np.array_equal(padded[b, :, j], verify[b, :, 4]) for b in range(2) for j in range(3))
+    _assert_attention(verify, (q, k, v), lengths, d)
+    odd = _step_attention_graph(4, 2, 40)
+    assert AttendWithCacheKernel()(odd) == {"attention_in_kernel": 0}
+    assert AttendAtCachePositions()(odd) == {"attention_at_positions": 1}
+    assert AttendWithCacheKernel()(_step_attention_graph(hq, hkv, d, tree=True)) == {"attention_in_kernel": 0}
 
 
 def test_attention_at_cache_positions_keeps_the_fused_operator_for_wide_passes():

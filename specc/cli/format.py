@@ -44,7 +44,8 @@ def terminal_safe(text: str) -> str:
 
 def _attention_form(q: dict) -> str:
     """How a quantised graph keeps attention rows independent of the pass size (onnx_passes/)."""
-    forms = [(q.get("attention_at_positions", 0), "keys at their positions in float32"),
+    forms = [(q.get("attention_in_kernel", 0), "in specc's CacheAttention kernel"),
+             (q.get("attention_at_positions", 0), "keys at their positions in float32"),
              (q.get("attention_float64", 0), "in float64")]
     return "attention " + " and ".join(f"{text} ({n} nodes)" for n, text in forms if n) if any(n for n, _ in forms) \
         else "no attention rewritten"

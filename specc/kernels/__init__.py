@@ -1,12 +1,14 @@
-"""specc's own CPU kernels: int4 weights times int8 activations, one kernel per x86 ISA, chosen at run time.
+"""specc's own CPU kernels, one per x86 ISA, chosen at run time: int4 weights times int8 activations (Int4Gemm), and
+a chain pass's attention over the cache with its new keys at their positions (CacheAttention).
 
-The library (csrc/, built when the package installs) serves two callers: ONNX Runtime, as the custom operator
-`ai.specc::Int4Gemm` of `target.quantize: int4-gemm` graphs (register_with), and Python through ctypes (gemm), for
-the tests that hold every ISA's kernel to the scalar reference and for scripts/bench_kernels.py. Every kernel gives
-a row the same bits whatever else its pass holds, and the same bits as the scalar reference (csrc/q4gemm.h).
+The library (csrc/, built when the package installs) serves two callers: ONNX Runtime, as the custom operators
+`ai.specc::Int4Gemm` and `ai.specc::CacheAttention` of `target.quantize: int4-gemm` graphs (register_with), and Python
+through ctypes (gemm, cache_attention), for the tests that hold every ISA's kernel to the scalar reference and for
+scripts/bench_kernels.py. Every kernel gives a row the same bits whatever else its pass holds, and the same bits as
+the scalar reference (csrc/q4gemm.h, csrc/attention.h).
 
-SPECC_KERNEL_ISA (scalar, avx2, avxvnni, avx512vnni) picks the kernel ONNX Runtime runs where this CPU has it;
-SPECC_KERNEL_THREADS the threads it uses (default: the CPUs this process may run on).
+SPECC_KERNEL_ISA (scalar, avx2, avxvnni, avx512vnni) picks the kernels ONNX Runtime runs where this CPU has them;
+SPECC_KERNEL_THREADS the threads they use (default: the CPUs this process may run on).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .pack import LAYOUT, PackedInt4, pack_int4
 ISAS = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the order of the library's Isa enum
 DOMAIN = "ai.specc"
 OP = "Int4Gemm"
+ATTENTION_OP = "CacheAttention"
 
 
 class KernelsUnavailable(SpeccError):
@@ -52,6 +55,9 @@ def library() -> ctypes.CDLL:
     lib.specc_int4_packed_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int]
     lib.specc_int4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
                                     ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    p = ctypes.c_void_p
+    lib.specc_cache_attention.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, p] + [ctypes.c_longlong] * 8 + [
+        ctypes.c_float, p, ctypes.c_int]
     if [lib.specc_isa_name(i).decode() for i in range(lib.specc_isa_count())] != list(ISAS):
         raise KernelsUnavailable(f"specc's kernel library {path} is from another specc version: reinstall specc")
     return lib
@@ -130,7 +136,38 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     return y
 
 
+def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    mask: np.ndarray, cache_len: np.ndarray, positions: np.ndarray, scale: float,
+                    isa: str | None = None, threads: int = 1) -> np.ndarray:
+    """CacheAttention (csrc/attention.h) on one ISA's kernel: q [B, Hq, T, D], k_new / v_new [B, Hkv, T, D],
+    k_cache / v_cache [B, Hkv, S, D], mask bool [1|B, 1|Hq, T, S + T], cache_len [B], positions [B, T];
+    returns [B, Hq, T, D]."""
+    lib = library()
+    isa = isa or best_isa()
+    if isa not in ISAS:
+        raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    f32 = [np.ascontiguousarray(a, dtype=np.float32) for a in (q, k_new, v_new, k_cache, v_cache)]
+    mask = np.ascontiguousarray(mask, dtype=np.bool_)
+    cache_len, positions = (np.ascontiguousarray(a, dtype=np.int64) for a in (cache_len, positions))
+    (b, hq, t, d), (hkv, s) = f32[0].shape, (f32[1].shape[1], f32[3].shape[2])
+    if (f32[1].shape != (b, hkv, t, d) or f32[2].shape != f32[1].shape or f32[3].shape != (b, hkv, s, d)
+            or f32[4].shape != f32[3].shape or mask.ndim != 4 or mask.shape[2:] != (t, s + t)
+            or cache_len.shape != (b,) or positions.shape != (b, t)):
+        raise SpeccError("cache_attention: shapes must be q [B, Hq, T, D], k_new and v_new [B, Hkv, T, D], k_cache "
+                         "and v_cache [B, Hkv, S, D], mask [1|B, 1|Hq, T, S + T], cache_len [B], positions [B, T]")
+    out = np.empty_like(f32[0])
+    rc = lib.specc_cache_attention(ISAS.index(isa), *(a.ctypes.data for a in f32), mask.ctypes.data,
+                                   cache_len.ctypes.data, positions.ctypes.data, b, hq, hkv, t, s, d,
+                                   mask.shape[0], mask.shape[1], scale, out.ctypes.data, threads)
+    if rc == -1:
+        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+    if rc == -2:
+        raise SpeccError("cache_attention: the kernel refuses these arguments (heads, head size a multiple of 16 up "
+                         "to 256, positions in [cache_len, cache_len + T) inside the cache)")
+    return out
+
+
 __all__ = [
-    "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa",
+    "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "cache_attention", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa",
     "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with", "supported_isas"
 ]

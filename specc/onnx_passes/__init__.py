@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .base import OnnxPass, OnnxPassContractError, run_onnx_passes
 from .attend_at_cache_positions import AttendAtCachePositions
+from .attend_with_cache_kernel import AttendWithCacheKernel
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .feed_cache_by_layer import FeedCacheByLayer
 from .fold_weight_transposes import FoldWeightTransposes
@@ -15,11 +16,12 @@ from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
 
 def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
     """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (the integer GEMM for int8-gemm, specc's
-    own int4 kernel for int4-gemm),
-    attention with keys at their positions in float32, or in float64 where that rewrite does not apply (the k+1-token
-    verify then sees the numbers a 1-token decode sees)."""
+    own int4 kernel for int4-gemm), attention with keys at their positions (in specc's own kernel for int4-gemm,
+    whose sessions register it; else in float32 operators), or in float64 where that rewrite does not apply (the
+    k+1-token verify then sees the numbers a 1-token decode sees)."""
     quantize = {"int8-gemm": QuantizeInt8Gemm, "int4-gemm": QuantizeInt4Gemm}.get(config.kind, QuantizeMatMulNBits)(config)
-    return [FoldWeightTransposes(), quantize, AttendAtCachePositions(), ComputeAttentionInFp64()]
+    own_attention = [AttendWithCacheKernel()] if config.kind == "int4-gemm" else []
+    return [FoldWeightTransposes(), quantize, *own_attention, AttendAtCachePositions(), ComputeAttentionInFp64()]
 
 
 def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
@@ -28,7 +30,8 @@ def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
 
 
 ALL_ONNX_PASSES: list[type[OnnxPass]] = [FeedCacheByLayer, FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
-                                         QuantizeInt4Gemm, QuantizeWeightOnlyDQ, AttendAtCachePositions, ComputeAttentionInFp64]
+                                         QuantizeInt4Gemm, QuantizeWeightOnlyDQ, AttendWithCacheKernel, AttendAtCachePositions,
+                                         ComputeAttentionInFp64]
 
 
 def describe_onnx_passes() -> str:
@@ -38,6 +41,6 @@ def describe_onnx_passes() -> str:
     return describe_contracts(ALL_ONNX_PASSES)
 
 
-__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "FeedCacheByLayer",
+__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "AttendWithCacheKernel", "FeedCacheByLayer",
            "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
            "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

@@ -30,7 +30,7 @@ from .base import OnnxPass, OnnxProperty
 from .grouped_attention import grouped_attention, is_bool, replace_nodes, rewritable, scale_of
 
 
-def _chain_graph(model) -> bool:
+def is_chain_graph(model) -> bool:
     names = {i.name for i in model.graph.input}
     return {"cache_len", "position_ids"} <= names and "tree_mask" not in names
 
@@ -46,7 +46,7 @@ def _concat_parts(model, name: str) -> tuple[str, str] | None:
     return None
 
 
-def _eligible(model, node) -> tuple[tuple[int, int], tuple[str, str], tuple[str, str]] | None:
+def cache_attention_parts(model, node) -> tuple[tuple[int, int], tuple[str, str], tuple[str, str]] | None:
     """(heads, (cached keys, new keys), (cached values, new values)) of an Attention node this pass rewrites."""
     heads = rewritable(model, node)
     if heads is None or len(node.input) != 4 or not node.input[3] or not is_bool(model, node.input[3]):
@@ -56,7 +56,7 @@ def _eligible(model, node) -> tuple[tuple[int, int], tuple[str, str], tuple[str,
 
 
 def _none_left(model, _pass) -> bool:
-    return not _chain_graph(model) or not any(_eligible(model, node) for node in model.graph.node)
+    return not is_chain_graph(model) or not any(cache_attention_parts(model, node) for node in model.graph.node)
 
 
 class AttendAtCachePositions(OnnxPass):
@@ -78,7 +78,7 @@ class AttendAtCachePositions(OnnxPass):
         """Manifest facts: {"attention_at_positions": nodes rewritten} (and "attention_fused_above")."""
         from onnx import helper, numpy_helper
 
-        if not _chain_graph(model):
+        if not is_chain_graph(model):
             return {"attention_at_positions": 0}
         shared: dict[str, str] = {}
         init = model.graph.initializer
@@ -91,7 +91,7 @@ class AttendAtCachePositions(OnnxPass):
             return name
 
         def rewrite(node) -> list | None:
-            found = _eligible(model, node)
+            found = cache_attention_parts(model, node)
             if found is None:
                 return None
             heads, (cache_k, new_k), (cache_v, new_v) = found
@@ -128,7 +128,7 @@ class AttendAtCachePositions(OnnxPass):
             return first + nodes
 
         replaced = replace_nodes(model, rewrite)
-        _drop_unused(model)
+        drop_unused_concats(model)
         facts = {"attention_at_positions": replaced}
         return facts if self.fused_above is None else {**facts, "attention_fused_above": self.fused_above}
 
@@ -165,7 +165,7 @@ def _if_wide(wide: str, attention, keys: tuple[str, str], values: tuple[str, str
                             else_branch=branch(f"{prefix}.else", positioned, out))
 
 
-def _drop_unused(model) -> None:
+def drop_unused_concats(model) -> None:
     """Remove the Concats of cache and new tokens nothing reads any more."""
     nodes = model.graph.node
     while True:

@@ -1,5 +1,6 @@
 // A plain C interface to the kernels for Python (ctypes): the tests compare every ISA with the scalar reference,
 // and the kernel benchmark times them outside ONNX Runtime.
+#include "attention.h"
 #include "q4gemm.h"
 
 using specc::Isa;
@@ -35,6 +36,37 @@ int specc_int4_gemm(int isa, const float* x, long long m, const unsigned char* w
   l.k = k;
   l.offsets = offsets != 0;
   if (m > 0) specc::gemm(static_cast<Isa>(isa), x, m, w, l, y, threads);
+  return 0;
+}
+
+// CacheAttention (attention.h) on one ISA: 0, -1 for an ISA this CPU lacks, -2 for arguments the kernel refuses.
+int specc_cache_attention(int isa, const float* q, const float* k_new, const float* v_new, const float* k_cache,
+                          const float* v_cache, const unsigned char* mask, const long long* cache_len,
+                          const long long* positions, long long batch, long long q_heads, long long kv_heads,
+                          long long tokens, long long slots, long long dim, long long mask_batch, long long mask_heads,
+                          float scale, float* out, int threads) {
+  if (!specc_isa_supported(isa) || threads < 1) return -1;
+  specc::AttentionArgs a;
+  a.q = q;
+  a.k_new = k_new;
+  a.v_new = v_new;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.mask = mask;
+  a.cache_len = reinterpret_cast<const int64_t*>(cache_len);
+  a.positions = reinterpret_cast<const int64_t*>(positions);
+  a.batch = batch;
+  a.q_heads = q_heads;
+  a.kv_heads = kv_heads;
+  a.tokens = tokens;
+  a.slots = slots;
+  a.dim = dim;
+  a.mask_batch = mask_batch;
+  a.mask_heads = mask_heads;
+  a.scale = scale;
+  a.out = out;
+  if (specc::attention_check(a) != nullptr) return -2;
+  specc::cache_attention(static_cast<Isa>(isa), a, threads);
   return 0;
 }
 

@@ -35,6 +35,7 @@ enum OrtSlot : int {
   kGetDimensionsCount = 61,
   kGetDimensions = 62,
   kGetTensorTypeAndShape = 65,
+  kKernelInfoGetAttributeFloat = 85,
   kKernelInfoGetAttributeInt64 = 86,
   kKernelContextGetInput = 90,
   kKernelContextGetOutput = 91,
@@ -44,7 +45,7 @@ enum OrtSlot : int {
 
 constexpr uint32_t kOrtApiVersion = 16;
 constexpr int kOrtFail = 1, kOrtInvalidArgument = 2;
-constexpr int kTensorFloat = 1, kTensorUint8 = 2;
+constexpr int kTensorFloat = 1, kTensorUint8 = 2, kTensorInt64 = 7, kTensorBool = 9;
 
 struct OrtCustomOp {
   uint32_t version;

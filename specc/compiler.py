@@ -121,7 +121,9 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
         with stages.stage("passes"):
             for role, planned in plan.items():
                 if planned.lower_from == role:
-                    for graph_pass in build_pipeline(recipe, role, planned.graph.head.get("hidden_size"), head):
+                    vocab = draft_vocab_ids(recipe, target.tokenizer, planned.graph.dims.vocab_size) \
+                        if role == "draft" else None
+                    for graph_pass in build_pipeline(recipe, role, planned.graph.head.get("hidden_size"), head, vocab):
                         graph_pass(planned.graph)
             if dump_graphs:
                 _dump(plan, Path(dump_graphs))
@@ -254,6 +256,21 @@ def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: Lo
     raise SpeccError(f"draft.method {recipe.draft.method!r} has draft graph kind {kind!r}, which the compiler cannot build")
 
 
+def draft_vocab_ids(recipe: Recipe, tokenizer, vocab_size: int) -> list[int] | None:
+    """The token ids a draft model's LM head keeps (draft.vocab): the first draft.vocab ids and every special token,
+    ascending; None for the whole vocabulary."""
+    n = recipe.draft.vocab
+    if n is None:
+        return None
+    if n >= vocab_size:
+        raise RecipeError("draft.vocab", f"{n} keeps the whole vocabulary of {recipe.draft.model!r} ({vocab_size} "
+                          f"tokens); allowed: 1 to {vocab_size - 1}, or null")
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    eos = tokenizer.eos_token_id
+    special |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(set(range(n)) | {i for i in special if 0 <= i < vocab_size})
+
+
 def _load_head(recipe: Recipe, target) -> tuple[torch.nn.Module, dict]:
     head, config = load_head(recipe.draft.head, target.model)
     if config["kind"] != recipe.draft.method:
@@ -330,7 +347,20 @@ def _graph_entry(role: str, graph: StepGraph, lowered: dict, planned: PlannedGra
         "model": graph.dims.to_dict(),
         "quantize": planned.options.quantize or _bits_name(planned.options.weight_quant),
         "passes": list(graph.notes),
+        **({"vocab_ids": _ranges(graph.vocab_ids)} if graph.vocab_ids is not None else {}),
     }
+
+
+def _ranges(ids: list[int]) -> list[list[int]]:
+    """Ascending ids as [first, last] runs: a head kept for the first 32,000 ids and a few special ones is a few
+    pairs in the manifest, not a list of 32,000."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return runs
 
 
 def _bits_name(config: QuantConfig | None) -> str | None:

@@ -97,6 +97,11 @@ class DraftSpec:
                        "drafts N - 1", lo=2, hi=MAX_LOOKAHEAD_NGRAM)
     verify_ngrams: int = _f(4, "method lookahead — n-grams of the pool that start with the last token, verified each "
                                "round (G; 0: only the lanes)", lo=0, hi=MAX_LOOKAHEAD_VERIFY)
+    vocab: int | None = _f(None, "method model: the draft's LM head keeps only the first this many token ids and the "
+                                 "tokenizer's special tokens (byte-level BPE numbers tokens by merge order, roughly by "
+                                 "frequency: FR-Spec's frequency-ranked draft vocabulary). Each draft step reads a smaller "
+                                 "head; drafts come from those tokens only and the target still verifies over its whole "
+                                 "vocabulary, so output stays exact (null: the whole vocabulary)", lo=1, hi=1 << 22)
     stop_below: float = _f(0.0, "method model, quantized, early_exit or eagle (chain mode): a row's drafts end after the "
                                 "first one the drafter gave a probability below this (0: always k drafts); under k auto any "
                                 "value above 0 turns early stops on at a threshold the policy sets from measured costs (a chain "
@@ -281,6 +286,9 @@ def _check_consistency(r: Recipe) -> None:
         if getattr(d, name) != default and not suffix_used:
             raise RecipeError(f"draft.{name}", "only applies with draft.method suffix or draft.suffix: true")
     _check_lookahead(r)
+    if d.vocab is not None and method.graph != "model":
+        raise RecipeError("draft.vocab", f"restricts a separate draft model's LM head (draft.method model), not "
+                          f"{d.method!r}")
     if d.stop_below and not method.stops:
         raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
                           f"{', '.join(methods_with(stops=True))}), not {d.method!r}")

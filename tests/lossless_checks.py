@@ -19,11 +19,14 @@ from stats_helpers import PASS_P, chi2_pvalue, total_variation
 from test_lossless_sampling import VOCAB, draw, exact_marginals
 
 
-def small_vocab_bundle(root: Path, backend: str, device: str = "cpu", **extra) -> tuple[Path, Path]:
-    """(target model dir, bundle): a 24-token target and a perturbed 1-layer draft of it, batch up to 512."""
+def small_vocab_bundle(root: Path, backend: str, device: str = "cpu", draft_extra: dict | None = None,
+                       **extra) -> tuple[Path, Path]:
+    """(target model dir, bundle): a 24-token target and a perturbed 1-layer draft of it, batch up to 512;
+    `draft_extra`: further draft fields."""
     target = make_tiny_model(root / "target", seed=0, vocab_size=VOCAB, logit_scale=2.0)
     draft = derive_draft(target, root / "draft", layers=1, perturb=0.05)
-    bundle = build_bundle(root / "bundle", target, {"method": "model", "model": str(draft)}, backend=backend,
+    bundle = build_bundle(root / "bundle", target, {"method": "model", "model": str(draft), **(draft_extra or {})},
+                          backend=backend,
                           device=device, limits={"max_batch": 512, "max_context": 64}, speculation={"k": 2}, **extra)
     return target, bundle
 

@@ -74,6 +74,7 @@ class StepGraph:
     head: dict = field(default_factory=dict)  # final-norm and logit facts (norm kind, eps, offset, hidden size,
     # logits divisor, final soft-cap) for head-adding passes
     exported: ExportedProgram | None = field(default=None, repr=False)  # the capture, while no pass has edited gm
+    vocab_ids: list[int] | None = None  # the token ids of the logits' columns, where a pass kept only some
 
     @classmethod
     def from_exported(cls, role: str, ep: ExportedProgram, inputs: list[InputSpec], outputs: list[str],

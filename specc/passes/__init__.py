@@ -8,13 +8,18 @@ from .add_feature_outputs import AddFeatureOutputs
 from .base import GraphPass, PassContractError, describe_contracts
 from .insert_verify_head import InsertVerifyHead
 from .replace_causal_mask import ReplaceCausalMask
+from .restrict_draft_vocab import RestrictDraftVocab
 from .truncate_to_exit import TruncateToExit
 
 
-def build_pipeline(recipe: Recipe, role: str, hidden_size: int, head=None) -> list[GraphPass]:
+def build_pipeline(recipe: Recipe, role: str, hidden_size: int, head=None,
+                   draft_vocab: list[int] | None = None) -> list[GraphPass]:
     """The ordered passes for one graph ("target" or "draft") of this recipe; `head`: the loaded Medusa or
-    EAGLE head, whose `feature_layers` and `fc` (EAGLE-3) say which features the target returns."""
+    EAGLE head, whose `feature_layers` and `fc` (EAGLE-3) say which features the target returns; `draft_vocab`:
+    the token ids a draft model's LM head keeps (draft.vocab)."""
     passes: list[GraphPass] = []
+    if role == "draft" and draft_vocab is not None:
+        passes.append(RestrictDraftVocab(draft_vocab))
     method = get_method(recipe.draft.method)
     if role == "draft" and method.graph == "exit":
         adapter = None
@@ -38,6 +43,7 @@ def describe_passes() -> str:
     return describe_contracts(ALL_PASSES)
 
 
-ALL_PASSES: list[type[GraphPass]] = [AddEarlyExit, TruncateToExit, AddFeatureOutputs, ReplaceCausalMask, InsertVerifyHead]
+ALL_PASSES: list[type[GraphPass]] = [RestrictDraftVocab, AddEarlyExit, TruncateToExit, AddFeatureOutputs, ReplaceCausalMask,
+                                     InsertVerifyHead]
 
 __all__ = ["ALL_PASSES", "GraphPass", "PassContractError", "build_pipeline", "describe_passes"]

@@ -19,8 +19,24 @@ def load_graph(bundle: Bundle, role: str, open_graph: Callable[[Bundle, str], Ru
     entry = bundle.graph(role)
     if entry is None:
         raise BundleError(f"bundle {bundle.path} has no {role!r} graph")
-    return StepRunner(open_graph(bundle, role), ModelDims(**entry.model), device,
-                      [i.name for i in entry.inputs], list(entry.outputs), min_rows)
+    dims = ModelDims(**entry.model)
+    return StepRunner(open_graph(bundle, role), dims, device, [i.name for i in entry.inputs], list(entry.outputs),
+                      min_rows, vocab_ids(entry.facts.get("vocab_ids"), dims.vocab_size, f"{bundle.path}: {role}"))
+
+
+def vocab_ids(runs, vocab_size: int, where: str) -> torch.Tensor | None:
+    """The token ids of a graph's logits columns from the manifest's [first, last] runs (restrict_draft_vocab);
+    None where the graph computes every token's logit. A BundleError for runs that are not ascending ids below
+    the vocabulary size."""
+    if runs is None:
+        return None
+    ok = isinstance(runs, list) and bool(runs) and all(
+        isinstance(r, list) and len(r) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in r)
+        and 0 <= r[0] <= r[1] < vocab_size for r in runs)
+    ok = ok and all(a[1] < b[0] for a, b in zip(runs, runs[1:]))
+    if not ok:
+        raise BundleError(f"{where}: vocab_ids must be ascending [first, last] runs of token ids below {vocab_size}")
+    return torch.cat([torch.arange(a, b + 1) for a, b in runs])
 
 
 def min_target_pass_rows(bundle: Bundle) -> int | None:

@@ -44,12 +44,16 @@ class StepRunner:
     row other bits in smaller passes than in larger ones (hardware.py `min_pass_rows_here`). The LM head
     runs on the logit_index rows only, so those are padded the same way (a verification head's
     graph reads at least 2: the next token's row and a draft's).
+
+    `vocab_ids`: the token ids of the graph's logits columns, where its LM head keeps only some (draft.vocab);
+    the logits it returns are then widened to the whole vocabulary.
     """
 
     def __init__(self, runner, dims: ModelDims, device: torch.device, input_names: list[str],
-                 output_names: list[str] | None = None, min_rows: int = 1):
+                 output_names: list[str] | None = None, min_rows: int = 1, vocab_ids: torch.Tensor | None = None):
         self.runner, self.dims, self.device, self.input_names = runner, dims, device, input_names
         self.output_names, self.min_rows = output_names or [], min_rows
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(device)
         self.has_tree_mask = "tree_mask" in input_names
         self.reads_logits = "logits" in self.output_names  # a verification head's graph reads its own
 
@@ -84,7 +88,14 @@ class StepRunner:
             keep = {**{n: (a, t) for n, a in TOKEN_AXIS.items()}, **{n: (a, r) for n, a in LOGIT_AXIS.items()}}
             outputs = [o.narrow(keep[name][0], 0, keep[name][1]) if name in keep else o
                        for name, o in zip(self.output_names, outputs)]
+        if self.vocab_ids is not None:
+            outputs = [self._widen(o) if name == "logits" else o for name, o in zip(self.output_names, outputs)]
         return outputs
+
+    def _widen(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the kept ids (passes/restrict_draft_vocab.py) at their ids, every other token at -inf."""
+        full = logits.new_full((*logits.shape[:-1], self.dims.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.vocab_ids, logits)
 
     def _columns_short(self, b: int, n: int) -> int:
         """Columns to add to a [b, n] pass so that it holds at least min_rows rows."""

@@ -18,6 +18,7 @@ from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
 from .drafters import DraftContext, LookupFirstDrafter, build_drafter
 from .grammar import Grammars, schema_text
+from .host_threads import host_threads
 from .rules import RowRule, Rules
 from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
 from .prefix_cache import PrefixCache, default_budget_mb
@@ -61,6 +62,7 @@ class SpecModel:
         m = bundle.manifest
         recipe = m.recipe
         self.device = torch.device(recipe.device)
+        self.host_threads = host_threads(m.backend, recipe.device)  # torch's threads while rounds run
         self._open_graph = open_graph or open_runner
         self.max_batch = recipe.limits.max_batch
         self.max_context = recipe.limits.max_context

@@ -21,6 +21,7 @@ from ..limits import MAX_K, is_probability
 from ..speculation.tree import TreeShape
 from .adaptive import RoundRecord
 from .drafters.base import DraftPlan
+from .host_threads import torch_threads
 from .kv_cache import KVCache
 from .planning import LookaheadGate, Planner, TreeSizer, make_planner
 from .prefill import Prefill
@@ -151,6 +152,10 @@ class Scheduler:
         time between tokens stays within 1 + INTERLEAVE_SHARE rounds however long a chunk takes.
         A step whose prefill finished returns the new rows' first tokens at once (the round follows in
         the next step), so time to first token is the prefill's, not the prefill's plus a round's."""
+        with torch_threads(self.model.host_threads):
+            return self._step()
+
+    def _step(self) -> list[StreamEvent]:
         start = time.perf_counter()
         self.last_round = None
         events = self._drop_cancelled()

@@ -80,10 +80,12 @@ def test_lookup_first_uses_both_drafters(bundles, prompts):
 def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch):
     """Draft = target behind prompt lookup: every model round must accept all its drafts, which only
     holds if the draft cache catches up on the tokens that lookup rounds committed."""
-    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from specc.runtime.drafters import FrontDrafter, PromptLookupDrafter
+    from specc.runtime.drafters.base import with_method
 
     model = specc.load(bundles["self"])
-    model.drafter = LookupFirstDrafter(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), model.drafter)
+    lookup = with_method(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), "prompt_lookup")
+    model.drafter = FrontDrafter(lookup, model.drafter)
     bad, stats = _mismatches(model, prompts, batch, k=3)
     assert bad == []
     assert 0 < stats["front_rounds"] < stats["rounds"] and stats["front_acceptance_rate"] < 1

@@ -131,7 +131,7 @@ def test_tune_lookup_in_front_of_a_model_prices_both_arms(bundles, prompts):
 
     items = [{"prompt": p, "chat": False, "kind": ""} for p in prompts[:12]]  # every third repeats itself
     model = specc.load(bundles["lookup_first"])
-    assert model.lookup_first
+    assert model.draft_label == "model+lookup"
     result = run_tune(model, items, k_max=3, max_new_tokens=12, repeats=1, timing_prompts=1)
     costs = result["costs"]
     assert costs["draft_step"] > 0 and 0 <= costs["lookup"] < costs["target_step"]

@@ -15,7 +15,7 @@ text carry long chains, so alpha pooled over a run at k_max overstates the first
 - c_t: one target decode step (1 token); c_v(k): one verify pass of k+1 tokens, measured for each
   k (on CPUs it grows with k); c_d: one draft step (model, quantised and early-exit drafters).
   Each is the median time of the bundle's own target passes (`Verifier.next_token`, `Verifier.chain`) and drafting
-  steps (`Priced.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
+  steps (`Drafter.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
   kinds interleaved. Host work per round (acceptance outside the graph, KV commits, Python) is
   not in the model; the measured check shows it.
 - s_1..s_kmax: from a speculative run on the prompts at k = k_max with full chains: a round of k
@@ -134,7 +134,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
 
     Each prompt is prefilled by the scheduler as a generation would be (target and drafter); the
     target passes are the verifier's, the drafting costs the `probe` of each way the drafter
-    drafts (`Priced.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
+    drafts (`Drafter.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
     """
     from ..runtime.drafters import Proposal
     from ..runtime.scheduler import Scheduler
@@ -162,7 +162,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
         first = torch.zeros(1, 1, dtype=torch.long, device=device)
 
         def verify(k: int):
-            drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device), drafter.kind)
+            drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device))
             return model.verifier.chain(batch, drafts, params, torch.zeros(1, k, device=device), zero)
 
         probes = [arm.probe(batch, k_max) for arm in arms]
@@ -173,7 +173,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
             for probe, samples in zip(probes, arm_s):
                 _timed(probe, samples, r > 0)
     med = statistics.median
-    by_cost = {arm.cost: med(samples) for arm, samples in zip(arms, arm_s)}
+    by_cost = {arm.method.cost: med(samples) for arm, samples in zip(arms, arm_s)}
     return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()}, by_cost.get("step"), by_cost.get("lookup"))
 
 

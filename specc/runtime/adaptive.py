@@ -12,9 +12,9 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   it is the geometric alpha^i); alpha_b is the row's own acceptance of its first draft over
   its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
   fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
-  drafter says beforehand which rows it will find drafts for, `Priced.finds`, h_b is 0 or 1). Each c_i
+  drafter says beforehand which rows it will find drafts for, `Drafter.finds`, h_b is 0 or 1). Each c_i
   is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
-  the ones before. Where the drafter tells its drafts apart before drafting (`Priced.finds`: prompt
+  the ones before. Where the drafter tells its drafts apart before drafting (`Drafter.finds`: prompt
   lookup's class is the length of the n-gram it matched, and a long match is accepted far more
   often than a one-token one), the c_i are also
   kept per class (a class ages only in the rounds that draft it; its c_1 is smoothed towards all
@@ -32,7 +32,7 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   decoding look as dear as drafting.
 - Catch-up: a draft model enters a row's context lazily (its prompt in the first round that drafts
   for the row, the tokens of plain rounds in the next drafting round), outside T(B, k). The
-  scheduler tells the policy what each arm would enter per row (`Priced.behind`) and how many
+  scheduler tells the policy what each arm would enter per row (`Drafter.behind`) and how many
   tokens each row may still generate; at the arm's measured seconds per entered token, a row's
   catch-up is charged to this round in the share of its remaining rounds this round makes
   (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
@@ -46,7 +46,7 @@ Each round the policy predicts, for every k in [0, k_max], the batch's tokens pe
   what a rejection there would have: c_i stays the gain per position), and a round asking for k is
   priced at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
 
-Arms: a drafter may draft a round in more than one way (`Priced.arms`): prompt lookup in front of
+Arms: a drafter may draft a round in more than one way (`Drafter.arms`): prompt lookup in front of
 a draft model drafts with the model ("model", every row, whatever lookup finds), or with lookup alone,
 leaving the rows it misses without drafts and never running the model ("lookup": no draft cost, no
 draft prefill). Each arm has its own acceptance, hit rate and cost lines (plain rounds price k = 0 for
@@ -78,7 +78,7 @@ rows the drafter already took in (`measuring`: rows that joined while the draft 
 are not prefilled in it just to measure), except a lone row (batch 1): skipping it, the probe would
 measure nothing, and an arm whose first round went badly would never be tried again. The choice depends only on rounds
 that are finished (their accepted counts and timings) and on the context generated so far
-(`Priced.finds`), never on the current round's noise or target outputs, so each round is an ordinary
+(`Drafter.finds`), never on the current round's noise or target outputs, so each round is an ordinary
 lossless speculative round: greedy output is the target's and sampled output has the target's
 distribution whatever sequence of k the policy picks.
 """
@@ -88,25 +88,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..limits import MAX_K
-
-
-@dataclass
-class RoundRecord:
-    """What one finished round did, as the Scheduler reports it (`Scheduler.last_round`)."""
-
-    rows: list[int]  # request index of each batch row
-    k: int  # chain length asked for (0: plain decode)
-    n_draft: list[int]  # drafts each row proposed (<= k; prompt lookup may find fewer)
-    n_accepted: list[int]
-    draft_seconds: float
-    target_seconds: float
-    seconds: float  # the whole round, host work included (admission/prefill excluded)
-    skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
-    arm: str = "draft"  # which of the drafter's ways of drafting ran (Priced.arms)
-    catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
-    catch_up_tokens: int = 0
-    stop_below: float = 0.0  # chains could end early where the drafter was unsure (Proposal.stop_below)
-    classes: list[int] = field(default_factory=list)  # per row, the class of its drafts (Proposal.classes; empty: none)
+from .record import DraftPlan, RoundRecord
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
@@ -185,9 +167,6 @@ class AdaptiveK:
         self.idle: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds since the arm last drafted at that size
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
-        self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
-        self.arm = self.arms[0]  # the arm of the latest choice
-        self.stop_below = 0.0  # the latest choice's chain-probability threshold (an arm in stop_arms; 0: none)
         self.chosen: deque[int] = deque(maxlen=4096)  # k of the latest rounds (tests)
 
     def forget_rows(self) -> None:
@@ -198,15 +177,18 @@ class AdaptiveK:
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int], remaining: list[int] | None = None,
-               behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None) -> int:
-        """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
+               behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None
+               ) -> DraftPlan:
+        """The plan of the next round of a batch whose rows are these request indices: its k (0: plain), arm
+        and early-stop threshold; a probe (drafting only to measure) is not `warm`, but for a lone row, which
+        a probe that skipped it would measure nothing of.
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
-        take in before it drafts (`Priced.behind`), priced over the rounds the row has left; finds: per
-        arm, whether it will find drafts for each row this round and of which class (`Priced.finds`), where
+        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
+        arm, whether it will find drafts for each row this round and of which class (`Drafter.finds`), where
         it knows."""
         self.round_no += 1
-        self.measuring, self.stop_below = False, 0.0
+        measuring, stop_below = False, 0.0
         best, arm = 0, self.arms[0]
         b = len(rows)
         # arms that would draft something this round (prompt lookup knows when it finds nothing: such a round
@@ -230,7 +212,7 @@ class AdaptiveK:
                 best = best_k[arm]
                 self.idle_probes += 1
                 self.idle_gap[b, arm] = min(2 * self.idle_gap.get((b, arm), self.probe_idle), self.probe_idle_max)
-                self.measuring = True
+                measuring = True
             elif best:
                 self.idle_gap[b, arm] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
@@ -242,16 +224,15 @@ class AdaptiveK:
                     options += [(a, best_k[a]) for a in able if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
-                    self.measuring, arm = probe_arm != arm, probe_arm
+                    measuring, arm = probe_arm != arm, probe_arm
             for a in self.arms:
                 self.idle[b, a] = 0 if best and a == arm else self.idle.get((b, a), 0) + 1
             if best and arm in self.stop_arms:
-                self.stop_below = self.stop_threshold(b, arm, rates[arm][best])
+                stop_below = self.stop_threshold(b, arm, rates[arm][best])
         # else: no arm drafts anything this round, or a batch size never seen: measure plain decoding first,
         # the price of k = 0
-        self.arm = arm
         self.chosen.append(best)
-        return best
+        return DraftPlan(best, arm, warm=not measuring or b == 1, stop_below=stop_below, stop_chain=True)
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
               behind: list[int] | None = None, finds: list[int] | None = None) -> dict[int, float]:
@@ -305,7 +286,7 @@ class AdaptiveK:
 
     def conditional(self, arm: str | None = None, cls: int = 0) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused), of
-        the arm's drafts of class `cls` (`Priced.finds`; smoothed towards all its drafts) or of all (0)."""
+        the arm's drafts of class `cls` (`Drafter.finds`; smoothed towards all its drafts) or of all (0)."""
         st = self.stats[arm or self.arms[0]]
         judged, accepted, prior = st.judged, st.accepted, self.prior_alpha
         if cls in st.classes:
@@ -356,7 +337,7 @@ class AdaptiveK:
     def observe(self, record: RoundRecord) -> None:
         """Learn from a finished round (call before the next `choose`)."""
         b = len(record.rows)
-        width = max(record.n_draft, default=0) if record.k else 0
+        width = max(record.drafted, default=0) if record.k else 0
         arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
         for a in arms:
             self.stats[a].lines.setdefault(b, CostLine(self.decay)).add(width, record.seconds)
@@ -376,7 +357,7 @@ class AdaptiveK:
         st.judged = [x * self.decay for x in st.judged]
         st.accepted = [x * self.decay for x in st.accepted]
         seen: dict[int, tuple[list[float], list[float]]] = {}  # this round's (judged, accepted) per class
-        for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
+        for j, (row, d, n) in enumerate(zip(record.rows, record.drafted, record.accepted)):
             if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
                 continue
             st.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
@@ -399,6 +380,6 @@ class AdaptiveK:
             for i in range(1, self.k_max + 1):
                 asked[i], verified[i] = (self.decay * asked[i] + (i <= record.k),
                                          self.decay * verified[i] + (i <= min(width, record.k)))
-        drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
+        drafted = [d for j, d in enumerate(record.drafted) if j not in skipped]
         if drafted:
             st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

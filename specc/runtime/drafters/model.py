@@ -12,7 +12,8 @@ from ...speculation.tree import DraftTree, TreeShape, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
 from ..step import pad_right
-from .base import DraftInfo, DraftPlan, GraphDrafter, Proposal
+from ..record import DraftPlan, RoundRecord
+from .base import GraphDrafter, Proposal
 from .loops import draft_chain, grow_tree
 
 
@@ -47,9 +48,6 @@ class ModelDrafter(GraphDrafter):
     drafts never change what is accepted, so speculation adds a bounded prefill to a long prompt's,
     in proportion to what it can save, instead of a second one nearly as long.
     """
-
-    kind = "model"
-    lazy_prefill = True
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         batch.draft_state = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -109,9 +107,9 @@ class ModelDrafter(GraphDrafter):
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         start = time.perf_counter()
         cold, entered = self.catch_up(batch, plan.warm)
-        info = DraftInfo(cold, time.perf_counter() - start, entered)
+        record = RoundRecord(skipped=cold, catch_up_seconds=time.perf_counter() - start, catch_up_tokens=entered)
         if len(cold) == len(batch.seqs):  # nothing to draft from: an empty proposal, a plain round
-            return Proposal.empty(batch, params, self.step.dims.vocab_size, self.kind, info)
+            return Proposal.empty(batch, params, self.step.dims.vocab_size, record)
         # Feed what the draft cache lacks: the pending token, and after a fully accepted round also
         # the last draft token (its KV was never computed). Cold rows run along on their pending
         # token, commit nothing and propose nothing.
@@ -130,7 +128,7 @@ class ModelDrafter(GraphDrafter):
             cache.commit(new_k, new_v, drafting)
             return logits[:, 0]
 
-        return draft_chain(batch, params, plan, logits[:, 0], step, self.kind, drafting, info)
+        return draft_chain(batch, params, plan, logits[:, 0], step, drafting, record)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """The first call feeds what the draft cache lacks (ending with the root) and commits it; each
@@ -166,9 +164,6 @@ class SharedCacheDrafter(ModelDrafter):
     Nothing to prefill and nothing to catch up: each round starts from a fresh view of the
     target cache at the target's committed length, and feeds only the pending token.
     """
-
-    kind = "early_exit"
-    lazy_prefill = False
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         pass

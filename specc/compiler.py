@@ -210,7 +210,8 @@ def resolve_context(recipe: Recipe) -> Recipe:
     """limits.max_context "model" as a number: the target's context window (and the draft model's, if smaller)."""
     if recipe.limits.max_context != "model":
         return recipe
-    sources = [recipe.target.model] + ([recipe.draft.model] if recipe.draft.method == "model" and recipe.draft.model else [])
+    draft_model = get_method(recipe.draft.method).graph == "model" and recipe.draft.model
+    sources = [recipe.target.model] + ([recipe.draft.model] if draft_model else [])
     windows = [model_window(s) for s in sources]
     if windows[0] is None:
         raise RecipeError("limits.max_context", f"{recipe.target.model!r} does not state its context window "
@@ -221,7 +222,7 @@ def resolve_context(recipe: Recipe) -> Recipe:
 
 def check_model_fits(recipe: Recipe) -> None:
     """Recipe fields checked against the target's config.json before any weights load (draft.layer)."""
-    if recipe.draft.method != "early_exit":
+    if get_method(recipe.draft.method).graph != "exit":
         return
     config_path = resolve_source(recipe.target.model) / "config.json"
     try:

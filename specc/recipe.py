@@ -297,7 +297,7 @@ def _check_consistency(r: Recipe) -> None:
     if r.precision != "fp32" and r.backend not in ("tensorrt", "torch_tensorrt"):
         raise RecipeError("precision", f"backend {r.backend!r} runs the graph in the traced dtype; "
                           f"set target.dtype (float16, bfloat16) instead of precision {r.precision!r}")
-    if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
+    if r.speculation.verify_head and (r.speculation.mode == "tree" or method.drafter is None):
         raise RecipeError("speculation.verify_head",
                           "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":

@@ -82,10 +82,10 @@ def test_lookup_in_front_owes_nothing_where_lookup_drafts_every_row(bundles, pro
     assert min(lag) > 0
     for seq in batch.seqs:  # a context that ends by repeating its own start: lookup finds a continuation
         seq.out.extend(seq.prompt[:3])
-    assert all(drafter.lookup.finds(batch)) and drafter.behind(batch) == [0, 0]
+    assert all(drafter.front.finds(batch)) and drafter.behind(batch) == [0, 0]
     seq = batch.seqs[0]
     seq.out.append(max(seq.tokens) + 1)  # a token never seen before: no continuation
-    assert not drafter.lookup.finds(batch)[0] and drafter.behind(batch) == drafter.model.behind(batch)
+    assert not drafter.front.finds(batch)[0] and drafter.behind(batch) == drafter.model.behind(batch)
 
 
 def test_calls_start_from_what_earlier_calls_learned(bundles, prompts):

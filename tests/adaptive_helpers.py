@@ -25,7 +25,7 @@ class FlippingK(AdaptiveK):
         arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too
         stop_below = next(self.thresholds) if k and arm in self.stop_arms else 0.0
         self.chosen.append(k)
-        return DraftPlan(k, arm, warm=not measuring or len(rows) == 1, stop_below=stop_below, stop_chain=True)
+        return DraftPlan(k, arm, take_in=not measuring or len(rows) == 1, stop_below=stop_below, stop_chain=True)
 
 
 def admit(scheduler) -> list:

@@ -184,7 +184,7 @@ def test_lookup_rounds_do_not_bring_the_models_probes_back():
 
 def test_probes_of_another_arm_only_measure():
     """While lookup wins, every few rounds probe the model arm; such a probe must not make the draft model
-    take in rows it has not (`measuring`: the scheduler drafts with warm=False)."""
+    take in rows it has not (`measuring`: the scheduler drafts with take_in=False)."""
     policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_every=4)
     _arm_round(policy, "model", 0, [0] * 4, [0] * 4, 0.010)
     for _ in range(10):
@@ -194,7 +194,7 @@ def test_probes_of_another_arm_only_measure():
     for _ in range(32):
         plan = policy.choose([0, 1, 2, 3])
         k = plan.k
-        picks.append((k, plan.arm, not plan.warm))
+        picks.append((k, plan.arm, not plan.take_in))
     assert all(measuring == (arm == "model") for k, arm, measuring in picks if k)
     assert any(arm == "model" for k, arm, _ in picks if k) and any(arm == "lookup" for k, arm, _ in picks if k)
 
@@ -250,7 +250,7 @@ def test_acceptance_is_learned_per_class_of_draft():
     assert policy.choose([5], finds={"draft": [3]}).k == 8
     assert policy.choose([5], finds={"draft": [1]}).k == 0
     plan = policy.choose([5], finds={"draft": [0]})
-    assert plan.k == 0 and plan.warm  # nothing found: a plain round
+    assert plan.k == 0 and plan.take_in  # nothing found: a plain round
 
 
 def test_a_short_match_is_drafted_by_the_model_a_long_one_by_lookup():

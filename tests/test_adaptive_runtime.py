@@ -146,7 +146,7 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     done = {e.index: list(e.token_ids) for e in admit(scheduler)}
     assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
     assert max(len(s.prompt) for s in scheduler.batch.seqs) > 16  # longer than a catch-up
-    probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, warm=False))
+    probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, take_in=False))
     assert probe.record.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
     assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]
     skipped = 0
@@ -165,7 +165,7 @@ def test_a_probe_takes_in_a_lone_row(bundles, prompts):
     it takes the row in. With the target as its own draft every draft is accepted; output is the target's."""
     class AlwaysProbe(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
-            return DraftPlan(3, "draft", warm=len(rows) == 1, stop_chain=True)  # a probe (a lone row is taken in)
+            return DraftPlan(3, "draft", take_in=len(rows) == 1, stop_chain=True)  # a probe (a lone row is taken in)
 
     model = specc.load(bundles["self"])
     scheduler = Scheduler(model, k="auto", max_batch=1)

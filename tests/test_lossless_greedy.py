@@ -153,7 +153,7 @@ def test_the_draft_cache_holds_the_window_and_stays_in_step(bundles, prompts, mo
 
     def watched(self, batch, warm=True):
         out = catch_up(self, batch, warm)
-        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.SKIPPED, 0), n)
+        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.WINDOW_START, 0), n)
                     for s, n in zip(batch.seqs, batch.draft_state.lengths.tolist()))
         return out
 
@@ -181,7 +181,7 @@ def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch)
         out = catch_up(self, batch, warm)
         for b in cold:
             s = batch.seqs[b]
-            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.SKIPPED, 0),
+            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.WINDOW_START, 0),
                                                s.max_new_tokens - len(s.out), len(s.tokens) - 1))
         return out
 

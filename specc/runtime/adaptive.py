@@ -180,7 +180,7 @@ class AdaptiveK:
                behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None
                ) -> DraftPlan:
         """The plan of the next round of a batch whose rows are these request indices: its k (0: plain), arm
-        and early-stop threshold; a probe (drafting only to measure) is not `warm`, but for a lone row, which
+        and early-stop threshold; a probe (drafting only to measure) does not `take_in` rows, but for a lone row, which
         a probe that skipped it would measure nothing of.
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
@@ -232,7 +232,7 @@ class AdaptiveK:
         # else: no arm drafts anything this round, or a batch size never seen: measure plain decoding first,
         # the price of k = 0
         self.chosen.append(best)
-        return DraftPlan(best, arm, warm=not measuring or b == 1, stop_below=stop_below, stop_chain=True)
+        return DraftPlan(best, arm, take_in=not measuring or b == 1, stop_below=stop_below, stop_chain=True)
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
               behind: list[int] | None = None, finds: list[int] | None = None) -> dict[int, float]:

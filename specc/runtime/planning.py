@@ -22,6 +22,8 @@ from .state import Batch
 class Planner:
     """A fixed chain length k (0: plain rounds only), with early stops below `stop_below`."""
 
+    policy: AdaptiveK | None = None  # what learns from the rounds (k auto)
+
     def __init__(self, k: int, stop_below: float = 0.0):
         self.k, self.stop_below = k, stop_below
 

@@ -14,14 +14,14 @@ class DraftPlan:
     """How to draft one chain round: up to k tokens per row (k 0: a plain round, no drafts).
 
     arm: which of the drafter's ways of drafting runs (`Drafter.arms`; None: the drafter chooses).
-    warm=False: a drafter that takes a row's context in lazily leaves rows it has not taken in without
+    take_in=False: a drafter that takes a row's context in lazily leaves rows it has not taken in without
     drafts (a round that only measures whether drafting pays). stop_below: a drafter of one token at a
     time ends a row's chain after the first draft it gave a probability below this, or with stop_chain,
     after the first at which the product of the chain's probabilities falls below it (`Stops`)."""
 
     k: int
     arm: str | None = None
-    warm: bool = True
+    take_in: bool = True
     stop_below: float = 0.0
     stop_chain: bool = False
 
@@ -40,7 +40,7 @@ class RoundRecord:
     draft_seconds: float = 0.0  # drafting, without the catch-up
     target_seconds: float = 0.0  # the target pass and acceptance
     seconds: float = 0.0  # the whole round, host work included, the catch-up excluded
-    skipped: list[int] = field(default_factory=list)  # batch rows the drafter left out (`DraftPlan.warm`)
+    skipped: list[int] = field(default_factory=list)  # batch rows the drafter left out (`DraftPlan.take_in`)
     arm: str = "draft"  # which of the drafter's ways of drafting ran (`Drafter.arms`)
     catch_up_seconds: float = 0.0  # entering context the drafter lacked (a lazy prefill), booked as prefill
     catch_up_tokens: int = 0

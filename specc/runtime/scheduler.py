@@ -125,7 +125,7 @@ class Scheduler:
     @property
     def policy(self):
         """The adaptive policy choosing this scheduler's k (None for a fixed k or trees)."""
-        return getattr(self.planner, "policy", None)
+        return self.planner.policy
 
     @property
     def lookahead(self) -> int:

@@ -261,28 +261,8 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(GGUF_BLOCK_TYPES)}")
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
+    _check_draft(r)
     method = get_method(d.method)
-    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
-        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
-    if d.lookup and r.speculation.mode != "chain":
-        raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
-    if d.suffix and set(SUFFIX_SETTINGS) <= set(method.settings):
-        raise RecipeError("draft.suffix", "puts the suffix drafter in front of a draft model or head; with draft.method "
-                          f"{d.method} it already is the drafter: leave draft.suffix out")
-    if d.suffix and not method.lookup_in_front:
-        raise RecipeError("draft.suffix", f"adds the suffix drafter in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
-    if d.suffix and d.lookup:
-        raise RecipeError("draft.suffix", "cannot be combined with draft.lookup: both draft from the request's context; "
-                          "choose one (suffix also drafts from earlier requests' outputs)")
-    _check_method_settings(d, method)
-    _check_lookahead(r)
-    if d.stop_below and not method.stops:
-        raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
-                          f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
-    if d.stop_below and r.speculation.mode != "chain":
-        raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
     if r.sampling.top_p <= 0:
         raise RecipeError("sampling.top_p", f"{r.sampling.top_p!r} keeps no token; allowed: (0, 1], 1 keeps all")
     if d.min_ngram > d.max_ngram:
@@ -309,6 +289,33 @@ def _check_consistency(r: Recipe) -> None:
         except ValueError as exc:
             field = "verify_nodes" if "verify_nodes" in str(exc) else "paths"
             raise RecipeError(f"speculation.tree.{field}", str(exc)) from None
+
+
+def _check_draft(r: Recipe) -> None:
+    """The draft section against the method's row (specc/methods.py) and the speculation mode."""
+    d = r.draft
+    method = get_method(d.method)
+    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
+        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
+                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
+    if d.lookup and r.speculation.mode != "chain":
+        raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
+    if d.suffix and set(SUFFIX_SETTINGS) <= set(method.settings):
+        raise RecipeError("draft.suffix", "puts the suffix drafter in front of a draft model or head; with draft.method "
+                          f"{d.method} it already is the drafter: leave draft.suffix out")
+    if d.suffix and not method.lookup_in_front:
+        raise RecipeError("draft.suffix", f"adds the suffix drafter in front of a draft model or head (draft.method "
+                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
+    if d.suffix and d.lookup:
+        raise RecipeError("draft.suffix", "cannot be combined with draft.lookup: both draft from the request's context; "
+                          "choose one (suffix also drafts from earlier requests' outputs)")
+    _check_method_settings(d, method)
+    _check_lookahead(r)
+    if d.stop_below and not method.stops:
+        raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
+                          f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
+    if d.stop_below and r.speculation.mode != "chain":
+        raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
 
 
 def _check_method_settings(d: DraftSpec, method: DraftMethod) -> None:

@@ -145,7 +145,6 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     verify_s: dict[int, list[float]] = {k: [] for k in range(1, k_max + 1)}
     arms = list(model.drafter.arms.values())
     arm_s: list[list[float]] = [[] for _ in arms]
-    drafter = model.drafter
     scheduler = Scheduler(model, k=k_max, stop_below=0.0)  # acceptance of every position, as tune models it
     for i, prompt in enumerate(prompts):
         n = len(prompt)

@@ -128,41 +128,11 @@ def compile_recipe(recipe: Recipe, output: str | Path | None = None, dump_graphs
             if dump_graphs:
                 _dump(plan, Path(dump_graphs))
 
-        programs, entries = {}, {}
-        for role, planned in plan.items():
-            with stages.stage(f"lower {role}"):
-                source = plan[planned.lower_from].graph
-                if planned.lower_from not in programs:
-                    programs[planned.lower_from] = source.export()
-                previous = writer.output / role
-                planned.options = dataclasses.replace(planned.options, shapes=shape_plan(recipe, role, source),
-                                                      previous_dir=previous if previous.is_dir() else None)
-                entries[role] = backend.lower(programs[planned.lower_from], writer.graph_dir(role),
-                                              [i.name for i in source.inputs], source.outputs, planned.options)
-
-        with stages.stage("verify numerics"):
-            for role, planned in plan.items():
-                graph = plan[planned.lower_from].graph
-                entry = _graph_entry(role, graph, entries[role], planned)
-                runner = backend.load(writer.graph_dir(role), entry, planned.options)
-                entry["numerics"] = _compare(graph, runner, planned.options)
-                entries[role] = entry
+        entries = _lower_and_verify(recipe, plan, backend, writer, stages)
 
         with stages.stage("write bundle"):
             target.tokenizer.save_pretrained(writer.root / "tokenizer")
-            manifest = {
-                "backend": recipe.backend,
-                "recipe": recipe.to_dict(),
-                "versions": _versions(entries),
-                "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
-                "draft": {"method": method.name, "graph": "draft" if draft_graph else None,
-                          "shares_target_cache": method.shares_target_cache, "layer": recipe.draft.layer,
-                          "adapter": _adapter_info(recipe), "head": _head_info(recipe)},
-                "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
-                "graphs": entries,
-                "compile_seconds": stages.timings,
-            }
-            path = writer.finish(manifest)[0]
+            path = writer.finish(_manifest(recipe, target, draft, entries, stages.timings))[0]
     except OSError as exc:
         full = _disk_full(writer.root, exc)
         writer.abort()
@@ -212,7 +182,8 @@ def resolve_context(recipe: Recipe) -> Recipe:
     """limits.max_context "model" as a number: the target's context window (and the draft model's, if smaller)."""
     if recipe.limits.max_context != "model":
         return recipe
-    sources = [recipe.target.model] + ([recipe.draft.model] if recipe.draft.method == "model" and recipe.draft.model else [])
+    draft_model = get_method(recipe.draft.method).graph == "model" and recipe.draft.model
+    sources = [recipe.target.model] + ([recipe.draft.model] if draft_model else [])
     windows = [model_window(s) for s in sources]
     if windows[0] is None:
         raise RecipeError("limits.max_context", f"{recipe.target.model!r} does not state its context window "
@@ -223,7 +194,7 @@ def resolve_context(recipe: Recipe) -> Recipe:
 
 def check_model_fits(recipe: Recipe) -> None:
     """Recipe fields checked against the target's config.json before any weights load (draft.layer)."""
-    if recipe.draft.method != "early_exit":
+    if get_method(recipe.draft.method).graph != "exit":
         return
     config_path = resolve_source(recipe.target.model) / "config.json"
     try:
@@ -235,6 +206,48 @@ def check_model_fits(recipe: Recipe) -> None:
     if not isinstance(n_layers, int) or not 1 <= recipe.draft.layer < n_layers:
         raise RecipeError("draft.layer", f"{recipe.draft.layer} is out of range for {recipe.target.model!r}, which has "
                           f"{n_layers} layers; allowed: 1 to {n_layers - 1 if isinstance(n_layers, int) else '?'}")
+
+
+def _lower_and_verify(recipe: Recipe, plan: dict[str, PlannedGraph], backend, writer: BundleWriter,
+                      stages: Stages) -> dict[str, dict]:
+    """Lower every planned graph with the backend, reload it and compare it with eager torch; the manifest's
+    graph entries by role."""
+    programs, entries = {}, {}
+    for role, planned in plan.items():
+        with stages.stage(f"lower {role}"):
+            source = plan[planned.lower_from].graph
+            if planned.lower_from not in programs:
+                programs[planned.lower_from] = source.export()
+            previous = writer.output / role
+            planned.options = dataclasses.replace(planned.options, shapes=shape_plan(recipe, role, source),
+                                                  previous_dir=previous if previous.is_dir() else None)
+            entries[role] = backend.lower(programs[planned.lower_from], writer.graph_dir(role),
+                                          [i.name for i in source.inputs], source.outputs, planned.options)
+    with stages.stage("verify numerics"):
+        for role, planned in plan.items():
+            graph = plan[planned.lower_from].graph
+            entry = _graph_entry(role, graph, entries[role], planned)
+            runner = backend.load(writer.graph_dir(role), entry, planned.options)
+            entry["numerics"] = _compare(graph, runner, planned.options)
+            entries[role] = entry
+    return entries
+
+
+def _manifest(recipe: Recipe, target, draft, entries: dict[str, dict], timings) -> dict:
+    """The bundle's manifest.json (bundle/manifest.py reads it back as a typed Manifest)."""
+    method = get_method(recipe.draft.method)
+    return {
+        "backend": recipe.backend,
+        "recipe": recipe.to_dict(),
+        "versions": _versions(entries),
+        "models": {"target": str(target.source), "draft": str(draft.source) if draft else None},
+        "draft": {"method": method.name, "graph": "draft" if method.graph is not None else None,
+                  "shares_target_cache": method.shares_target_cache, "layer": recipe.draft.layer,
+                  "adapter": _adapter_info(recipe), "head": _head_info(recipe)},
+        "tokenizer": {"dir": "tokenizer", "eos_token_ids": _eos_ids(target)},
+        "graphs": entries,
+        "compile_seconds": timings,
+    }
 
 
 def _plan_draft(recipe: Recipe, target_graph: StepGraph, target, draft, base: LowerOptions, ranges,

@@ -17,8 +17,8 @@ import yaml
 
 from .errors import RecipeError
 from .limits import (AUTO_K_MAX, MAX_K, MAX_LOOKAHEAD_NGRAM, MAX_LOOKAHEAD_VERIFY, MAX_LOOKAHEAD_WINDOW, MAX_NGRAM,
-                     MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES, lookahead_nodes)
-from .methods import METHOD_FIELDS, METHODS, get_method, methods_with
+                     MAX_TREE_BRANCHING, MAX_TREE_DEPTH, MAX_TREE_NODES)
+from .methods import METHOD_FIELDS, METHODS, SUFFIX_SETTINGS, DraftMethod, get_method, methods_with
 from .speculation.tree import TreeShape
 
 BACKENDS = ("onnxruntime", "torch", "aoti", "tensorrt", "torch_tensorrt")
@@ -266,34 +266,8 @@ def _check_consistency(r: Recipe) -> None:
                           f"{', '.join(GGUF_BLOCK_TYPES)}")
     if r.target.gguf_requantize and not r.target.gguf_blocks:
         raise RecipeError("target.gguf_requantize", "only applies with target.gguf_blocks true (false requantises every layer)")
+    _check_draft(r)
     method = get_method(d.method)
-    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
-        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
-    if d.lookup and r.speculation.mode != "chain":
-        raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
-    suffix_used = d.method == "suffix" or d.suffix
-    if d.suffix and d.method == "suffix":
-        raise RecipeError("draft.suffix", "puts the suffix drafter in front of a draft model or head; with draft.method "
-                          "suffix it already is the drafter: leave draft.suffix out")
-    if d.suffix and not method.lookup_in_front:
-        raise RecipeError("draft.suffix", f"adds the suffix drafter in front of a draft model or head (draft.method "
-                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
-    if d.suffix and d.lookup:
-        raise RecipeError("draft.suffix", "cannot be combined with draft.lookup: both draft from the request's context; "
-                          "choose one (suffix also drafts from earlier requests' outputs)")
-    for name, default in (("suffix_requests", 256), ("suffix_tokens", 262144)):
-        if getattr(d, name) != default and not suffix_used:
-            raise RecipeError(f"draft.{name}", "only applies with draft.method suffix or draft.suffix: true")
-    _check_lookahead(r)
-    if d.vocab is not None and method.graph != "model":
-        raise RecipeError("draft.vocab", f"restricts a separate draft model's LM head (draft.method model), not "
-                          f"{d.method!r}")
-    if d.stop_below and not method.stops:
-        raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
-                          f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
-    if d.stop_below and r.speculation.mode != "chain":
-        raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
     if r.sampling.top_p <= 0:
         raise RecipeError("sampling.top_p", f"{r.sampling.top_p!r} keeps no token; allowed: (0, 1], 1 keeps all")
     if d.min_ngram > d.max_ngram:
@@ -308,7 +282,7 @@ def _check_consistency(r: Recipe) -> None:
     if r.precision != "fp32" and r.backend not in ("tensorrt", "torch_tensorrt"):
         raise RecipeError("precision", f"backend {r.backend!r} runs the graph in the traced dtype; "
                           f"set target.dtype (float16, bfloat16) instead of precision {r.precision!r}")
-    if r.speculation.verify_head and (r.speculation.mode == "tree" or d.method == "none"):
+    if r.speculation.verify_head and (r.speculation.mode == "tree" or method.drafter is None):
         raise RecipeError("speculation.verify_head",
                           "the verification head accepts chains; use it with speculation.mode chain and a draft")
     if r.speculation.mode == "tree":
@@ -322,24 +296,58 @@ def _check_consistency(r: Recipe) -> None:
             raise RecipeError(f"speculation.tree.{field}", str(exc)) from None
 
 
-LOOKAHEAD_FIELDS = {"window": 4, "ngram": 3, "verify_ngrams": 4}
+def _check_draft(r: Recipe) -> None:
+    """The draft section against the method's row (specc/methods.py) and the speculation mode."""
+    d = r.draft
+    method = get_method(d.method)
+    if d.lookup and (not method.lookup_in_front or method.tree_only):  # lookup drafts chains
+        raise RecipeError("draft.lookup", f"adds prompt lookup in front of a draft model or head (draft.method "
+                          f"{', '.join(methods_with(lookup_in_front=True, tree_only=False))}), not {d.method!r}")
+    if d.lookup and r.speculation.mode != "chain":
+        raise RecipeError("draft.lookup", "prompt lookup proposes chains; use it with speculation.mode chain")
+    if d.suffix and set(SUFFIX_SETTINGS) <= set(method.settings):
+        raise RecipeError("draft.suffix", "puts the suffix drafter in front of a draft model or head; with draft.method "
+                          f"{d.method} it already is the drafter: leave draft.suffix out")
+    if d.suffix and not method.lookup_in_front:
+        raise RecipeError("draft.suffix", f"adds the suffix drafter in front of a draft model or head (draft.method "
+                          f"{', '.join(methods_with(lookup_in_front=True))}), not {d.method!r}")
+    if d.suffix and d.lookup:
+        raise RecipeError("draft.suffix", "cannot be combined with draft.lookup: both draft from the request's context; "
+                          "choose one (suffix also drafts from earlier requests' outputs)")
+    _check_method_settings(d, method)
+    _check_lookahead(r)
+    if d.stop_below and not method.stops:
+        raise RecipeError("draft.stop_below", f"ends chains drafted one token at a time (draft.method "
+                          f"{', '.join(methods_with(stops=True))}), not {d.method!r}")
+    if d.stop_below and r.speculation.mode != "chain":
+        raise RecipeError("draft.stop_below", "applies to chains; trees already grow by draft confidence (speculation.tree)")
+
+
+def _check_method_settings(d: DraftSpec, method: DraftMethod) -> None:
+    """Draft fields of one method (its row's `settings`) are refused under another, but for the suffix
+    drafter's under draft.suffix: true."""
+    mine = set(method.settings) | (set(SUFFIX_SETTINGS) if d.suffix else set())
+    for other in METHODS.values():
+        for name in set(other.settings) - mine:
+            if getattr(d, name) != DraftSpec.__dataclass_fields__[name].default:
+                users = [m.name for m in METHODS.values() if name in m.settings]
+                extra = " or draft.suffix: true" if name in SUFFIX_SETTINGS else ""
+                raise RecipeError(f"draft.{name}", f"only applies with draft.method {' or '.join(users)}{extra}")
 
 
 def _check_lookahead(r: Recipe) -> None:
-    """draft.method lookahead: a tree mode recipe whose tree is its window; its fields only with it."""
+    """A method that lays out its own tree (lookahead): a tree mode recipe whose draft fields shape the tree."""
     d = r.draft
-    if d.method != "lookahead":
-        for name, default in LOOKAHEAD_FIELDS.items():
-            if getattr(d, name) != default:
-                raise RecipeError(f"draft.{name}", "only applies with draft.method lookahead")
+    method = get_method(d.method)
+    if not method.tree_only:
         return
     if r.speculation.mode != "tree":
-        raise RecipeError("speculation.mode", "draft.method lookahead verifies its lookahead and verification branches "
-                          "as one token tree: set speculation.mode tree")
+        raise RecipeError("speculation.mode", f"draft.method {d.method} verifies its lookahead and verification "
+                          "branches as one token tree: set speculation.mode tree")
     if r.speculation.tree != TreeSpec():
-        raise RecipeError("speculation.tree", "does not apply to draft.method lookahead: draft.window, draft.ngram and "
-                          "draft.verify_ngrams shape its tree")
-    nodes = lookahead_nodes(d.window, d.ngram, d.verify_ngrams)
+        raise RecipeError("speculation.tree", f"does not apply to draft.method {d.method}: draft."
+                          f"{', draft.'.join(method.settings)} shape its tree")
+    nodes, _ = method.own_tree(d)
     if nodes > MAX_TREE_NODES:
         raise RecipeError("draft.window", f"(window + verify_ngrams) x (ngram - 1) - 1 = {nodes} nodes a round; at most "
                           f"{MAX_TREE_NODES}: lower window, verify_ngrams or ngram")
@@ -347,10 +355,8 @@ def _check_lookahead(r: Recipe) -> None:
 
 def tree_nodes(r: Recipe) -> int:
     """Most drafted nodes a tree round of this recipe verifies (the compiled graphs' step size)."""
-    d = r.draft
-    if d.method == "lookahead":
-        return lookahead_nodes(d.window, d.ngram, d.verify_ngrams)
-    return r.speculation.tree.max_nodes
+    method = get_method(r.draft.method)
+    return method.own_tree(r.draft)[0] if method.own_tree else r.speculation.tree.max_nodes
 
 
 def _check_draft_fields(d: DraftSpec) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 
 from specc.runtime.adaptive import AdaptiveK
+from specc.runtime.record import DraftPlan
 
 
 class FlippingK(AdaptiveK):
@@ -20,11 +21,11 @@ class FlippingK(AdaptiveK):
 
     def choose(self, rows, remaining=None, behind=None, finds=None):
         k = min(next(self.order), self.k_max)
-        self.measuring = bool(k) and next(self.probes)
-        self.arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too
-        self.stop_below = next(self.thresholds) if k and self.arm in self.stop_arms else 0.0
+        measuring = bool(k) and next(self.probes)
+        arm = self.arms[next(self.arm_order) % len(self.arms)]  # lookup first: lookup-only rounds too
+        stop_below = next(self.thresholds) if k and arm in self.stop_arms else 0.0
         self.chosen.append(k)
-        return k
+        return DraftPlan(k, arm, take_in=not measuring or len(rows) == 1, stop_below=stop_below, stop_chain=True)
 
 
 def admit(scheduler) -> list:

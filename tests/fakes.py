@@ -16,7 +16,7 @@ import torch
 
 from specc.capture.shapes import ModelDims
 from specc.methods import DraftMethod
-from specc.runtime.drafters.base import DraftInfo, DraftPlan, Drafter, Proposal
+from specc.runtime.drafters.base import DraftPlan, Drafter, Proposal
 from specc.runtime.model import SpecModel
 from specc.runtime.prefix_cache import PrefixCache
 from specc.runtime.step import DEFAULT_CHUNK
@@ -120,13 +120,11 @@ class FakeTokenizer:
 class FakeModel(SpecModel):
     """What `Scheduler` (and SpecModel's request and generate code) reads, over the fake target."""
 
-    lookup_first = False
-
     def __init__(self, drafter: Drafter | None = None, max_batch: int = 4, k: int | str = 3,
                  tree: TreeShape | None = None, eos_ids: set[int] = frozenset(), verifier: type[Verifier] = Verifier,
                  max_context: int = 256, verify_head: bool = False):
         self.runner = HeadRunner() if verify_head else TableRunner(trees=tree is not None)
-        self.device = torch.device("cpu")
+        self.device, self.host_threads = torch.device("cpu"), None
         self.target = Target(StepRunner(self.runner, DIMS, self.device, self.runner.input_names,
                                         self.runner.output_names), self.runner.output_names)
         self.verifier, self.drafter = verifier(self.target), drafter
@@ -166,7 +164,6 @@ class TableDrafter(Drafter):
     """Drafts from the table's own continuation, right for as many tokens as `rule` says, then wrong
     (the table's token + 1). Records what it proposed per row (`log`: index -> [(drafted, right)])."""
 
-    kind = "fake"
     method = FAKE
 
     def __init__(self, rule: Rule):
@@ -198,7 +195,7 @@ class TableDrafter(Drafter):
             tokens[b] = torch.tensor(r + continuation(seq.tokens, width)[len(r):], dtype=torch.long)
         q = None if params.all_greedy else torch.zeros(len(rows), width, VOCAB).scatter_(-1, tokens[..., None], 1.0)
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        return Proposal(tokens, q, lengths, self.kind, DraftInfo())
+        return Proposal(tokens, q, lengths)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Per row a tree of shape.depth levels: two children under each node of the table's path (the

@@ -16,7 +16,7 @@ def test_policy_drafts_long_when_drafts_are_accepted_and_verify_is_cheap():
     _feed(policy, [0], 0, 0, 0.010)
     for _ in range(10):
         _feed(policy, [0], 8, 8, 0.012)
-    assert policy.choose([0]) >= 6
+    assert policy.choose([0]).k >= 6
 
 
 def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
@@ -26,11 +26,11 @@ def test_policy_stops_drafting_when_nothing_is_accepted_and_probes_later():
     _feed(policy, [0, 1], 0, 0, 0.010)
     for _ in range(10):
         _feed(policy, [0, 1], 4, 0, 0.020, draft=0.004)
-    ks = [policy.choose([0, 1]) for _ in range(80)]
+    ks = [policy.choose([0, 1]).k for _ in range(80)]
     assert [i for i, k in enumerate(ks) if k] == [4, 14, 34, 54, 74], ks
     for _ in range(30):
         _feed(policy, [0, 1], 4, 4, 0.011)
-    assert policy.choose([0, 1]) > 0 and policy.idle_gap[2, "draft"] == 5
+    assert policy.choose([0, 1]).k > 0 and policy.idle_gap[2, "draft"] == 5
 
 
 def test_probe_gaps_are_kept_per_batch_size():
@@ -44,8 +44,8 @@ def test_probe_gaps_are_kept_per_batch_size():
         _feed(policy, [0, 1], 4, 2, 0.080)
     batch1, batch2 = [], []
     for _ in range(40):
-        batch1.append(policy.choose([0]))
-        batch2.append(policy.choose([0, 1]))
+        batch1.append(policy.choose([0]).k)
+        batch2.append(policy.choose([0, 1]).k)
     assert sum(k > 0 for k in batch1) >= 35
     assert [i for i, k in enumerate(batch2) if k] == [4, 14, 34] and policy.idle_gap == {(1, "draft"): 5, (2, "draft"): 20}
 
@@ -59,8 +59,8 @@ def test_policy_prices_rounds_at_the_batch_size():
         _feed(policy, one, 4, 2, 0.012)
         _feed(policy, eight, 0, 0, 0.020)
         _feed(policy, eight, 4, 2, 0.120)
-    assert policy.choose(one) == 2  # draft 3 is never accepted: drafting it would only cost
-    assert policy.choose(eight) == 0
+    assert policy.choose(one).k == 2  # draft 3 is never accepted: drafting it would only cost
+    assert policy.choose(eight).k == 0
 
 
 def test_plain_rounds_are_priced_by_what_they_cost():
@@ -74,7 +74,7 @@ def test_plain_rounds_are_priced_by_what_they_cost():
         if i % 8 == 0:
             _feed(policy, rows, 0, 0, 0.010)
     assert policy.rates(rows)[0] == pytest.approx(400, rel=0.01)
-    assert policy.choose(rows) == 0
+    assert policy.choose(rows).k == 0
 
 
 @pytest.mark.parametrize(("min_gain", "expect_drafting"), [(1.0, True), (1.1, False)])
@@ -87,7 +87,7 @@ def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     rates = policy.rates(rows)
     gain = max(rates[k] for k in range(1, 6)) / rates[0]
     assert 1.0 < gain < 1.1
-    assert (policy.choose(rows) > 0) == expect_drafting
+    assert (policy.choose(rows).k > 0) == expect_drafting
 
 
 def test_a_lone_row_needs_no_margin():
@@ -99,7 +99,7 @@ def test_a_lone_row_needs_no_margin():
         _feed(policy, [0], 1, 1, 0.0185)
     rates = policy.rates([0])
     assert 1.0 < max(rates[k] for k in range(1, 6)) / rates[0] < 1.1
-    assert policy.choose([0]) > 0
+    assert policy.choose([0]).k > 0
 
 
 def _arm_round(policy: AdaptiveK, arm: str, k: int, drafted: list[int], accepted: list[int], seconds: float) -> None:
@@ -119,7 +119,8 @@ def test_the_arm_that_pays_is_chosen(model_accepts, want):
         _arm_round(policy, "lookup", 4, [4, 4, 0, 0], [4, 4, 0, 0], 0.012)
         if i % 8 == 0:
             _arm_round(policy, "model", 0, [0] * 4, [0] * 4, 0.010)
-    assert policy.choose([0, 1, 2, 3]) > 0 and policy.arm == want
+    plan = policy.choose([0, 1, 2, 3])
+    assert plan.k > 0 and plan.arm == want
 
 
 @pytest.mark.parametrize(("found", "want"), [(True, "lookup"), (False, "model")])
@@ -131,7 +132,8 @@ def test_the_lookup_arm_is_priced_by_this_rounds_hits(found, want):
     for _ in range(20):
         policy.observe(RoundRecord([0], 4, [4], [2], 0.004, 0.012, 0.016, arm="model"))
         policy.observe(RoundRecord([0], 4, [4], [4], 0.0, 0.012, 0.012, arm="lookup"))
-    assert policy.choose([0], finds={"model": None, "lookup": [found]}) > 0 and policy.arm == want
+    plan = policy.choose([0], finds={"model": None, "lookup": [found]})
+    assert plan.k > 0 and plan.arm == want
 
 
 def test_lookup_that_finds_nothing_is_plain_decoding_and_the_model_is_probed():
@@ -144,9 +146,10 @@ def test_lookup_that_finds_nothing_is_plain_decoding_and_the_model_is_probed():
         policy.observe(RoundRecord([0], 2, [2], [0], 0.005, 0.012, 0.017, arm="model"))  # nothing accepted
     chosen = []
     for _ in range(10):
-        k = policy.choose([0], finds={"model": None, "lookup": [False]})
-        chosen.append((k, policy.arm))
-        policy.observe(RoundRecord([0], k, [k], [0], 0.0, 0.010, 0.017 if k else 0.010, arm=policy.arm))
+        plan = policy.choose([0], finds={"model": None, "lookup": [False]})
+        k = plan.k
+        chosen.append((k, plan.arm))
+        policy.observe(RoundRecord([0], k, [k], [0], 0.0, 0.010, 0.017 if k else 0.010, arm=plan.arm))
     assert all(k == 0 for k, _ in chosen[:policy.probe_idle - 1]), chosen
     assert any(k > 0 and arm == "model" for k, arm in chosen)
     assert not any(k > 0 and arm == "lookup" for k, arm in chosen)
@@ -166,21 +169,22 @@ def test_lookup_rounds_do_not_bring_the_models_probes_back():
     model_rounds = []
     for i in range(96):
         found = i % 3 == 0
-        k = policy.choose(rows, finds={"model": None, "lookup": [found] * 4})
-        assert found or not k or policy.arm == "model", "lookup that finds nothing drafts nothing: a plain round"
-        if k and policy.arm == "model":
+        plan = policy.choose(rows, finds={"model": None, "lookup": [found] * 4})
+        k = plan.k
+        assert found or not k or plan.arm == "model", "lookup that finds nothing drafts nothing: a plain round"
+        if k and plan.arm == "model":
             model_rounds.append(i)
-        drafted = [k] * 4 if k and (found or policy.arm == "model") else [0] * 4
-        seconds = 0.040 if not k else (0.045 if policy.arm == "lookup" else 0.090)
-        accepted = drafted if policy.arm == "lookup" else [0] * 4
-        policy.observe(RoundRecord(rows, k, drafted, accepted, 0.0, seconds, seconds, arm=policy.arm))
+        drafted = [k] * 4 if k and (found or plan.arm == "model") else [0] * 4
+        seconds = 0.040 if not k else (0.045 if plan.arm == "lookup" else 0.090)
+        accepted = drafted if plan.arm == "lookup" else [0] * 4
+        policy.observe(RoundRecord(rows, k, drafted, accepted, 0.0, seconds, seconds, arm=plan.arm))
     gaps = [b - a for a, b in zip(model_rounds, model_rounds[1:])]
     assert len(model_rounds) <= 5 and gaps == sorted(gaps), model_rounds
 
 
 def test_probes_of_another_arm_only_measure():
     """While lookup wins, every few rounds probe the model arm; such a probe must not make the draft model
-    take in rows it has not (`measuring`: the scheduler drafts with warm=False)."""
+    take in rows it has not (`measuring`: the scheduler drafts with take_in=False)."""
     policy = AdaptiveK(4, min_gain={"model": 1.1, "lookup": 1.0}, arms=("model", "lookup"), probe_every=4)
     _arm_round(policy, "model", 0, [0] * 4, [0] * 4, 0.010)
     for _ in range(10):
@@ -188,8 +192,9 @@ def test_probes_of_another_arm_only_measure():
         _arm_round(policy, "lookup", 4, [4, 4, 0, 0], [4, 4, 0, 0], 0.012)
     picks = []
     for _ in range(32):
-        k = policy.choose([0, 1, 2, 3])
-        picks.append((k, policy.arm, policy.measuring))
+        plan = policy.choose([0, 1, 2, 3])
+        k = plan.k
+        picks.append((k, plan.arm, not plan.take_in))
     assert all(measuring == (arm == "model") for k, arm, measuring in picks if k)
     assert any(arm == "model" for k, arm, _ in picks if k) and any(arm == "lookup" for k, arm, _ in picks if k)
 
@@ -205,7 +210,8 @@ def test_catch_up_is_priced_over_the_rounds_a_row_has_left(behind, remaining, dr
         _feed(policy, rows, 1, 1, 0.015)
     policy.observe(RoundRecord(rows, 1, [1] * 4, [1] * 4, 0.0, 0.015, 0.015, catch_up_seconds=0.1, catch_up_tokens=100))
     assert policy.stats["draft"].catch_up_cost() == pytest.approx(0.001)
-    k = policy.choose(rows, remaining=[remaining] * 4, behind={"draft": [behind] * 4})
+    plan = policy.choose(rows, remaining=[remaining] * 4, behind={"draft": [behind] * 4})
+    k = plan.k
     assert (k > 0) == drafts
 
 
@@ -227,7 +233,7 @@ def test_acceptance_is_learned_per_position():
         _feed(policy, [0], 8, 8 if i % 2 else 0, 0.010 + 8 * 0.0005)
     c = policy.conditional()
     assert c[1] == pytest.approx(0.5, abs=0.1) and min(c[2:]) > 0.8
-    assert policy.choose([0]) == 8
+    assert policy.choose([0]).k == 8
 
 
 def test_acceptance_is_learned_per_class_of_draft():
@@ -241,9 +247,10 @@ def test_acceptance_is_learned_per_class_of_draft():
         policy.observe(RoundRecord([0], 8, [8], [8 if cls == 3 else 0], 0.0, 0.020, 0.020, classes=[cls]))
     assert policy.conditional(cls=3)[1] > 0.8 and policy.conditional(cls=1)[1] < 0.15
     assert policy.conditional()[1] == pytest.approx(0.5, abs=0.1)  # all drafts together
-    assert policy.choose([5], finds={"draft": [3]}) == 8
-    assert policy.choose([5], finds={"draft": [1]}) == 0
-    assert policy.choose([5], finds={"draft": [0]}) == 0 and not policy.measuring  # nothing found: a plain round
+    assert policy.choose([5], finds={"draft": [3]}).k == 8
+    assert policy.choose([5], finds={"draft": [1]}).k == 0
+    plan = policy.choose([5], finds={"draft": [0]})
+    assert plan.k == 0 and plan.take_in  # nothing found: a plain round
 
 
 def test_a_short_match_is_drafted_by_the_model_a_long_one_by_lookup():
@@ -256,7 +263,8 @@ def test_a_short_match_is_drafted_by_the_model_a_long_one_by_lookup():
         policy.observe(RoundRecord([0], 4, [4], [3], 0.010, 0.020, 0.030, arm="model"))
         cls = 3 if i % 2 else 1
         policy.observe(RoundRecord([0], 4, [4], [4 if cls == 3 else 0], 0.0, 0.020, 0.020, arm="lookup", classes=[cls]))
-    picks = {cls: (policy.choose([0], finds={"model": None, "lookup": [cls]}), policy.arm) for cls in (1, 3)}
+    picks = {cls: (lambda plan: (plan.k, plan.arm))(policy.choose([0], finds={"model": None, "lookup": [cls]}))
+             for cls in (1, 3)}
     assert picks[1][0] > 0 and picks[1][1] == "model"
     assert picks[3] == (4, "lookup")
 
@@ -309,14 +317,16 @@ def test_stop_arms_end_chains_where_a_draft_stops_paying():
     round_("model", 0, 0, 0, 0.010)
     for width in (1, 2, 3) * 20:
         round_("model", 6, width, 1, 0.010 + 0.005 * width, stop=0.5)
-    k = policy.choose([0], finds={"model": None, "lookup": [0]})
-    assert k > 0 and policy.arm == "model"
+    plan = policy.choose([0], finds={"model": None, "lookup": [0]})
+    k = plan.k
+    assert k > 0 and plan.arm == "model"
     rate = policy.rates([0], "model")[k]
-    assert policy.stop_below == pytest.approx(0.005 * rate, rel=1e-6) and 0.3 < policy.stop_below < 0.8
+    assert plan.stop_below == pytest.approx(0.005 * rate, rel=1e-6) and 0.3 < plan.stop_below < 0.8
     for _ in range(40):
         round_("lookup", 3, 3, 3, 0.008)
-    assert policy.choose([0], finds={"model": None, "lookup": [3]}) and policy.arm == "lookup"
-    assert policy.stop_below == 0.0
+    plan = policy.choose([0], finds={"model": None, "lookup": [3]})
+    assert plan.k and plan.arm == "lookup"
+    assert plan.stop_below == 0.0
 
 
 @pytest.mark.parametrize(("accept_all", "probes_plain"), [(True, False), (False, True)])
@@ -328,7 +338,8 @@ def test_plain_decoding_is_probed_only_where_it_is_near_the_best(accept_all, pro
     policy.observe(RoundRecord([0], 0, [0], [0], 0.0, 0.010, 0.010))
     plain = 0
     for i in range(96):
-        k = policy.choose([0])
+        plan = policy.choose([0])
+        k = plan.k
         accepted = k if accept_all else min(k, i % 2)
         policy.observe(RoundRecord([0], k, [k], [accepted], 0.003 * k, 0.010, 0.010 + 0.003 * k))
         plain += i > 8 and k == 0

@@ -35,10 +35,10 @@ def test_the_model_arm_drafts_with_the_model_where_lookup_finds(bundles, prompts
     made with its length in hand); the "lookup" arm's rounds count as lookup rounds in the statistics."""
     class Alternate(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
-            self.arm, self.measuring = ("model", "lookup")[self.round_no % 2], False
+            arm = ("model", "lookup")[self.round_no % 2]
             self.round_no += 1
-            asked.append((self.arm, finds["lookup"][0] > 0))
-            return 3
+            asked.append((arm, finds["lookup"][0] > 0))
+            return DraftPlan(3, arm, stop_chain=True)
 
     asked: list[tuple[str, bool]] = []
     model = specc.load(bundles["lookup_first"])
@@ -65,7 +65,7 @@ def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
     lag = scheduler.drafter.behind(batch)
     assert lag == [len(s.tokens) - 1 for s in batch.seqs] and min(lag) > 0
     proposal = scheduler.drafter.propose(batch, batch.params, DraftPlan(2))
-    assert proposal.info.catch_up_tokens == sum(lag) and proposal.info.catch_up_seconds > 0
+    assert proposal.record.catch_up_tokens == sum(lag) and proposal.record.catch_up_seconds > 0
     assert scheduler.drafter.behind(batch) == [0] * 4
 
 
@@ -82,10 +82,10 @@ def test_lookup_in_front_owes_nothing_where_lookup_drafts_every_row(bundles, pro
     assert min(lag) > 0
     for seq in batch.seqs:  # a context that ends by repeating its own start: lookup finds a continuation
         seq.out.extend(seq.prompt[:3])
-    assert all(drafter.lookup.finds(batch)) and drafter.behind(batch) == [0, 0]
+    assert all(drafter.front.finds(batch)) and drafter.behind(batch) == [0, 0]
     seq = batch.seqs[0]
     seq.out.append(max(seq.tokens) + 1)  # a token never seen before: no continuation
-    assert not drafter.lookup.finds(batch)[0] and drafter.behind(batch) == drafter.model.behind(batch)
+    assert not drafter.front.finds(batch)[0] and drafter.behind(batch) == drafter.model.behind(batch)
 
 
 def test_calls_start_from_what_earlier_calls_learned(bundles, prompts):
@@ -146,8 +146,8 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     done = {e.index: list(e.token_ids) for e in admit(scheduler)}
     assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]  # admitted, nothing drafted yet
     assert max(len(s.prompt) for s in scheduler.batch.seqs) > 16  # longer than a catch-up
-    probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, warm=False))
-    assert probe.info.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
+    probe = scheduler.drafter.propose(scheduler.batch, scheduler.batch.params, DraftPlan(3, take_in=False))
+    assert probe.record.skipped == [0, 1, 2, 3] and probe.lengths.tolist() == [0, 0, 0, 0]
     assert scheduler.batch.draft_state.lengths.tolist() == [0, 0, 0, 0]
     skipped = 0
     while scheduler.busy:
@@ -165,8 +165,7 @@ def test_a_probe_takes_in_a_lone_row(bundles, prompts):
     it takes the row in. With the target as its own draft every draft is accepted; output is the target's."""
     class AlwaysProbe(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
-            self.measuring = True
-            return 3
+            return DraftPlan(3, "draft", take_in=len(rows) == 1, stop_chain=True)  # a probe (a lone row is taken in)
 
     model = specc.load(bundles["self"])
     scheduler = Scheduler(model, k="auto", max_batch=1)
@@ -207,7 +206,7 @@ def _spy_on_stops(monkeypatch) -> list[tuple[int, list[int], float]]:
 
     def spy(self, batch, params, plan):
         proposal = propose(self, batch, params, plan)
-        seen.append((plan.k, proposal.lengths.tolist(), proposal.info.stop_below))
+        seen.append((plan.k, proposal.lengths.tolist(), proposal.record.stop_below))
         return proposal
 
     monkeypatch.setattr(ModelDrafter, "propose", spy)

@@ -11,7 +11,7 @@ import torch
 from lossless_checks import assert_greedy_lossless, assert_sampling_lossless, small_vocab_bundle, token_prompts
 from specc.errors import BundleError, RecipeError
 from specc.recipe import parse_recipe
-from specc.runtime.engines import vocab_ids
+from specc.runtime.graphs import vocab_ids
 from specc.speculation.sampling import SamplingParams
 
 KEPT = 20  # of the 24-token vocabulary: the target puts a sixth of its third token's mass on the other four

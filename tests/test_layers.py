@@ -1,6 +1,8 @@
 """specc's layers import one way only: every import (module level or inside a function: a lazy import is
 still a dependency) points to the same layer or a lower one, no group of modules imports itself in a
-circle, the applications on top import none of each other, and no module grows past MAX_LINES."""
+circle (not even through imports for type hints only), the applications on top import none of each other,
+the scheduler and planner see the runtime's Engine and never the model API above it, and no module grows
+past MAX_LINES."""
 from __future__ import annotations
 
 import ast
@@ -59,15 +61,16 @@ def _type_checking_only(node: ast.AST, parents: dict) -> bool:
     return False
 
 
-def imports_of(path: Path, me: str | None = None) -> set[str]:
-    """specc modules imported by a file (relative imports resolved; TYPE_CHECKING blocks skipped)."""
+def imports_of(path: Path, me: str | None = None, type_hints: bool = False) -> set[str]:
+    """specc modules imported by a file (relative imports resolved; TYPE_CHECKING blocks skipped unless
+    `type_hints`)."""
     me = me or module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found = set()
     for node in ast.walk(tree):
-        if _type_checking_only(node, parents):
+        if not type_hints and _type_checking_only(node, parents):
             continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "specc"}
@@ -89,6 +92,22 @@ def imports_of(path: Path, me: str | None = None) -> set[str]:
 
 
 GRAPH = {module_name(p): imports_of(p) for p in sorted(ROOT.rglob("*.py"))}
+WITH_TYPE_HINTS = {module_name(p): imports_of(p, type_hints=True) for p in sorted(ROOT.rglob("*.py"))}
+
+# what runs rounds sees the Engine (runtime/engine.py) only, never the request-facing model API on top of it
+ROUND_RUNNERS = ("specc.runtime.scheduler", "specc.runtime.planning", "specc.runtime.rounds")
+MODEL_API = ("specc.runtime.model",)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph.get(todo.pop(), ()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
 
 
 def test_every_module_has_a_layer():
@@ -117,16 +136,18 @@ def test_no_module_over_max_lines(path):
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT.parent)} has {lines} lines, above {MAX_LINES}: split it by job"
 
 
-def test_no_import_cycles():
-    """No module reaches itself through imports (package __init__ files count as their modules)."""
+@pytest.mark.parametrize("graph", [GRAPH, WITH_TYPE_HINTS], ids=["imports", "with type hints"])
+def test_no_import_cycles(graph):
+    """No module reaches itself through imports (package __init__ files count as their modules), nor through
+    imports for type hints only: a circle hidden under TYPE_CHECKING is coupling all the same."""
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for n in sorted(GRAPH.get(m, ())):
-            if n not in GRAPH:
+        for n in sorted(graph.get(m, ())):
+            if n not in graph:
                 continue
             if state.get(n) == 1:
                 cycle = stack[stack.index(n):] + [n]
@@ -136,9 +157,17 @@ def test_no_import_cycles():
         stack.pop()
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+@pytest.mark.parametrize("module", ROUND_RUNNERS)
+def test_what_runs_rounds_imports_no_model_api(module):
+    """The scheduler, the planner and the rounds import the Engine, not the model API (even for type hints)."""
+    found = sorted(m for m in reachable(WITH_TYPE_HINTS, module) if m in MODEL_API)
+    assert not found, f"{module} imports the model API: {found}"
+    assert "specc.runtime.engine" in reachable(WITH_TYPE_HINTS, "specc.runtime.scheduler")
 
 
 def test_the_checker_sees_upward_imports_and_cycles(tmp_path):

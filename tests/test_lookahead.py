@@ -15,6 +15,7 @@ from specc.runtime import verifier
 from specc.runtime.adaptive import CostLine
 from specc.runtime.drafters.lookahead import LookaheadDrafter, LookaheadRow, NgramPool
 from specc.runtime.planning import PLAIN, VERIFY, WHOLE, LookaheadGate
+from specc.runtime.record import RoundRecord
 from specc.speculation.sampling import SamplingParams, sample
 from specc.speculation.tree import TreeShape
 from specc.testing import make_tiny_model
@@ -262,11 +263,11 @@ def _run(gate, seconds_per_node, accepted_whole, rounds=400):
     """Rounds of a fake model: a plain step costs 1 s, each verified node seconds_per_node more."""
     levels = []
     for _ in range(rounds):
-        trees = _trees()
-        cut = gate.size(trees, [True])
-        width = max(t.size for t in cut)
-        levels.append(gate.level)
-        gate.observe(width, 1.0 + seconds_per_node * width, accepted_whole if gate.level == WHOLE else 0)
+        trees, cut = gate.size(_trees(), [True])
+        width = max(t.size for t in trees)
+        levels.append(cut.level)
+        gate.observe(RoundRecord(k=width, accepted=[accepted_whole if cut.level == WHOLE else 0],
+                                 seconds=1.0 + seconds_per_node * width, cut=cut))
     return levels
 
 
@@ -293,8 +294,8 @@ def test_gate_verifies_only_the_pool_where_lanes_cost_more_than_they_find():
         line.add(width, 1.0 + 0.1 * width)
     gate.plain_seen.add(1)
     trees = _trees()
-    cut = gate.size(trees, [True])
-    assert gate.level == VERIFY and cut[0].size == trees[0].guesses > 0
+    kept, cut = gate.size(trees, [True])
+    assert cut.level == VERIFY and kept[0].size == trees[0].guesses > 0
 
 
 # -- recipe ------------------------------------------------------------------------------------------------------

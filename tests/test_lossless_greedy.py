@@ -80,10 +80,12 @@ def test_lookup_first_uses_both_drafters(bundles, prompts):
 def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch):
     """Draft = target behind prompt lookup: every model round must accept all its drafts, which only
     holds if the draft cache catches up on the tokens that lookup rounds committed."""
-    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from specc.runtime.drafters import FrontDrafter, PromptLookupDrafter
+    from specc.runtime.drafters.base import with_method
 
     model = specc.load(bundles["self"])
-    model.drafter = LookupFirstDrafter(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), model.drafter)
+    lookup = with_method(PromptLookupDrafter(2, 1, model.target.dims.vocab_size), "prompt_lookup")
+    model.drafter = FrontDrafter(lookup, model.drafter)
     bad, stats = _mismatches(model, prompts, batch, k=3)
     assert bad == []
     assert 0 < stats["front_rounds"] < stats["rounds"] and stats["front_acceptance_rate"] < 1
@@ -151,7 +153,7 @@ def test_the_draft_cache_holds_the_window_and_stays_in_step(bundles, prompts, mo
 
     def watched(self, batch, warm=True):
         out = catch_up(self, batch, warm)
-        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.SKIPPED, 0), n)
+        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.WINDOW_START, 0), n)
                     for s, n in zip(batch.seqs, batch.draft_state.lengths.tolist()))
         return out
 
@@ -179,7 +181,7 @@ def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch)
         out = catch_up(self, batch, warm)
         for b in cold:
             s = batch.seqs[b]
-            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.SKIPPED, 0),
+            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.WINDOW_START, 0),
                                                s.max_new_tokens - len(s.out), len(s.tokens) - 1))
         return out
 

@@ -189,8 +189,45 @@ def test_early_stops_keep_the_target_distribution(head_bundles, monkeypatch, bro
 @pytest.mark.parametrize("name", ["eagle_chain", "medusa_chain", "eagle_tree"])
 def test_chunked_prefill_greedy_equals_target_only(head_bundles, monkeypatch, name):
     """Prompts entered in chunks of 3 (the target's prefill, EAGLE's first entries): still the target's output."""
-    from specc.runtime import model as model_module
+    from specc.runtime import engine
 
-    monkeypatch.setattr(model_module, "DEFAULT_CHUNK", 3)
+    monkeypatch.setattr(engine, "DEFAULT_CHUNK", 3)
     _, bundles = head_bundles
     assert_greedy_lossless(bundles[name], token_prompts(16), batch=4, k=None)
+
+
+
+def test_eagle_behind_the_suffix_front_gets_the_prompts_features(head_bundles, tmp_path):
+    """EAGLE with the suffix drafter in front (draft.suffix) needs the target's features of every prompt token,
+    as EAGLE alone does: a prompt whose first blocks the prefix cache could hold is still prefilled whole, and
+    the head's entries for it equal a cold prefill's (the cache would have handed it zero features there)."""
+    import specc
+    from adaptive_helpers import admit
+    from specc.runtime.record import DraftPlan
+    from specc.runtime.scheduler import Scheduler
+
+    target, _ = head_bundles
+    head = make_random_head("eagle", target, tmp_path / "eagle", scale=1.0)
+    bundle = build_bundle(tmp_path / "es", target, {"method": "eagle", "head": str(head), "suffix": True},
+                          backend="torch", limits={"max_batch": 2, "max_context": 256}, speculation={"k": 3})
+    prompt = [(7 * i + i // 24) % VOCAB for i in range(150)]  # two whole prefix-cache blocks and more
+
+    def entries(model) -> tuple:
+        """The prompt's prefix-cache hit, and the head's entries once its first round has entered the prompt."""
+        scheduler = Scheduler(model, k=3)
+        scheduler.submit(model.new_request(0, prompt, 4, model.sampling_params(), 0, k=scheduler.lookahead))
+        (event,) = admit(scheduler)
+        batch = scheduler.batch
+        scheduler.drafter.model.propose(batch, batch.params, DraftPlan(2))  # EAGLE's round, whatever the front finds
+        cache = batch.draft_state
+        n = len(prompt) - 1
+        assert int(cache.lengths[0]) >= n
+        return event.cached_tokens, cache.k[..., :n, :].clone(), cache.v[..., :n, :].clone()
+
+    warm, cold = specc.load(bundle), specc.load(bundle)
+    assert warm.drafter.front is not None and warm.drafter.method.prompt_features
+    first, second, fresh = entries(warm), entries(warm), entries(cold)  # the second prompt was the first one's
+    assert (first[0], second[0], fresh[0]) == (0, 0, 0)
+    assert fresh[1].abs().sum() > 0
+    for a, b in zip(second[1:], fresh[1:]):
+        assert torch.equal(a, b)

@@ -8,6 +8,7 @@ import torch
 
 import specc
 from specc.runtime import verifier
+from specc.runtime.record import DraftPlan
 from specc.speculation import sampling
 from specc.speculation.sampling import RowParams, SamplingParams, probs_from_logits, sample
 from specc.testing import derive_draft, make_tiny_model
@@ -121,8 +122,7 @@ def test_lookup_first_arms_under_k_auto_keep_the_target_distribution(small_vocab
     class Arms(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
             self.round_no += 1
-            self.arm, self.measuring = ("model", "lookup")[self.round_no % 2], False
-            return 1 + self.round_no % 3
+            return DraftPlan(1 + self.round_no % 3, ("model", "lookup")[self.round_no % 2], stop_chain=True)
 
     monkeypatch.setattr("specc.runtime.planning.AdaptiveK", Arms)
     target, bundles = small_vocab
@@ -148,7 +148,7 @@ def test_lookup_k_chosen_by_match_length_stays_exact(small_vocab, tmp_path, monk
     class MatchLengthK(AdaptiveK):
         def choose(self, rows, remaining=None, behind=None, finds=None):
             chosen.append(max(finds["draft"]))
-            return chosen[-1]
+            return DraftPlan(chosen[-1], "draft", stop_chain=True)
 
     monkeypatch.setattr("specc.runtime.planning.AdaptiveK", MatchLengthK)
     target, _ = small_vocab

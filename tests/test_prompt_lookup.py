@@ -24,7 +24,7 @@ def test_prompt_lookup_reports_the_length_of_its_match(bundles, prompts):
     n = drafter.max_ngram  # the recipe's longest n-gram
     assert n >= 2 and drafter.finds(batch) == [n, 0]
     proposal = drafter.propose(batch, batch.params, DraftPlan(4))
-    assert proposal.info.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
+    assert proposal.record.classes == [n, 0] and proposal.lengths.tolist()[1] == 0
 
 
 @pytest.mark.parametrize("min_ngram", [1, 2, 3])

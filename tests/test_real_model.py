@@ -45,11 +45,12 @@ def test_greedy_speculation_equals_target_only(smollm_bundle):
 @pytest.mark.parametrize("drafting", ["prompt_lookup", "lookup_first"])
 def test_lookup_drafting_equals_target_only(smollm_bundle, drafting):
     """The quickstart's prompt lookup, and lookup in front of the int8 copy (draft.lookup), on the real model."""
-    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from specc.runtime.drafters import FrontDrafter, PromptLookupDrafter
+    from specc.runtime.drafters.base import with_method
 
     model = specc.load(smollm_bundle, verify=False)
-    lookup = PromptLookupDrafter(3, 1, model.target.dims.vocab_size)
-    model.drafter = lookup if drafting == "prompt_lookup" else LookupFirstDrafter(lookup, model.drafter)
+    lookup = with_method(PromptLookupDrafter(3, 1, model.target.dims.vocab_size), "prompt_lookup")
+    model.drafter = lookup if drafting == "prompt_lookup" else FrontDrafter(lookup, model.drafter)
     prompts = [p for p, chat in PROMPTS if not chat]
     fast = model.generate(prompts, max_new_tokens=40)
     stats = model.last_stats.to_dict()

@@ -421,11 +421,11 @@ def test_noise_does_not_depend_on_the_batch():
 
 # -- prompt lookup in front of a drafter -------------------------------------------------------------------
 def _lookup_first(rule) -> tuple:
-    from specc.runtime.drafters import LookupFirstDrafter, PromptLookupDrafter
+    from specc.runtime.drafters import FrontDrafter, PromptLookupDrafter
     from specc.runtime.drafters.base import with_method
 
     inner = TableDrafter(rule)
-    return LookupFirstDrafter(with_method(PromptLookupDrafter(3, 1, 32), "prompt_lookup"), inner), inner
+    return FrontDrafter(with_method(PromptLookupDrafter(3, 1, 32), "prompt_lookup"), inner), inner
 
 
 def test_prompt_lookup_in_front_of_a_drafter():
@@ -463,7 +463,7 @@ def test_a_prompt_beside_decoding_rows_keeps_to_its_share_of_time(monkeypatch):
     table's."""
     import specc.runtime.scheduler as scheduler_module
     from specc.runtime.prefill import Prefill
-    from specc.runtime.step import INTERLEAVE_SHARE
+    from specc.runtime.pacing import SHARE as INTERLEAVE_SHARE
 
     step = Prefill.step
 

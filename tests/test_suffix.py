@@ -194,7 +194,7 @@ def test_sampled_output_has_the_target_distribution(suffix_bundles, kind, monkey
     every row's sampled output as the test runs. The sizer keeps its measured costs but not its measured
     acceptance: the garbage in this cache would soon make it draft nothing, and a check without drafts means
     nothing."""
-    monkeypatch.setattr(TreeSizer, "observe", lambda self, width, seconds, accepted: self.line.add(width, seconds))
+    monkeypatch.setattr(TreeSizer, "observe", lambda self, record: self.line.add(record.k, record.seconds))
     target, bundles = suffix_bundles
     params = SamplingParams(1.0)
     exact = exact_marginals(target, params)

@@ -18,8 +18,6 @@ from specc.speculation.sampling import RowParams
 class RepeatDrafter(Drafter):
     """Drafts each row's last token k times: no graph, no state."""
 
-    kind = "toy"
-
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.proposed = 0
@@ -34,7 +32,7 @@ class RepeatDrafter(Drafter):
         if not params.all_greedy:  # one-hot: the draft was certain of its token
             q = torch.zeros(*tokens.shape, self.vocab_size).scatter_(-1, tokens[..., None], 1.0)
         self.proposed += tokens.numel()
-        return Proposal(tokens, q, torch.full_like(batch.pending, plan.k), self.kind)
+        return Proposal(tokens, q, torch.full_like(batch.pending, plan.k))
 
 
 TOY = DraftMethod("toy", None, RepeatDrafter)

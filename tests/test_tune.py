@@ -45,15 +45,14 @@ def test_speedup_model():
     assert predicted_speedup(acc, 2, both) > predicted_speedup(Acceptance(geometric(0.5, 2)), 2, both)  # cheaper, better
 
 
-@pytest.mark.parametrize("front", ["lookup", "suffix"])
-def test_acceptance_of_a_run_splits_front_and_model_rounds(front):
-    """Rounds of prompt lookup or of the suffix drafter in front of a draft model are one arm, the model's the other."""
-    from specc.runtime.stats import LOOKUP, SUFFIX, RowStats
+def test_acceptance_of_a_run_splits_front_and_model_rounds():
+    """Rounds of the drafter in front of a draft model (prompt lookup or the suffix drafter, `RoundRecord.front`)
+    are one arm, the model's the other."""
+    from specc.runtime.stats import RowStats
 
-    source = {"lookup": LOOKUP, "suffix": SUFFIX}[front]
     run = RowStats()
-    for n_draft, n_acc, by in [(3, 3, source), (3, 1, source), (3, 0, "model"), (3, 2, "model"), (3, 3, "model")]:
-        run.record(n_draft, n_acc, by)
+    for n_draft, n_acc, by_front in [(3, 3, True), (3, 1, True), (3, 0, False), (3, 2, False), (3, 3, False)]:
+        run.record(n_draft, n_acc, by_front)
     acc = Acceptance.of(run, has_model=True, has_lookup=True)
     assert acc.hit_rate == pytest.approx(2 / 5)
     assert acc.lookup == pytest.approx([1.0, 0.5, 0.5]) and acc.model == pytest.approx([2 / 3, 2 / 3, 1 / 3])
@@ -61,7 +60,7 @@ def test_acceptance_of_a_run_splits_front_and_model_rounds(front):
     assert Acceptance.of(run, has_model=True, has_lookup=False) == Acceptance([4 / 5, 3 / 5, 2 / 5], alpha_model=9 / 12)
     alone = RowStats()
     for n_draft, n_acc in [(2, 2), (0, 0), (2, 0), (0, 0)]:
-        alone.record(n_draft, n_acc, "prompt_lookup")
+        alone.record(n_draft, n_acc)
     assert Acceptance.of(alone, has_model=False, has_lookup=True) == Acceptance(None, [0.5, 0.5], 0.5, alpha_lookup=2 / 3)
 
 
@@ -131,7 +130,7 @@ def test_tune_lookup_in_front_of_a_model_prices_both_arms(bundles, prompts):
 
     items = [{"prompt": p, "chat": False, "kind": ""} for p in prompts[:12]]  # every third repeats itself
     model = specc.load(bundles["lookup_first"])
-    assert model.lookup_first
+    assert model.draft_label == "model+lookup"
     result = run_tune(model, items, k_max=3, max_new_tokens=12, repeats=1, timing_prompts=1)
     costs = result["costs"]
     assert costs["draft_step"] > 0 and 0 <= costs["lookup"] < costs["target_step"]

@@ -91,7 +91,7 @@ def load_bundles(paths: list[Path], verify: bool = True, trust_code: bool = Fals
     """Load bundles; graphs that are byte-identical across them (one target compiled into several
     bundles) are loaded once and shared, so comparing drafters costs one copy of the target."""
     from ..bundle import open_bundle
-    from ..runtime.engines import open_runner
+    from ..runtime.graphs import open_runner
     from ..runtime.model import SpecModel
 
     engines: dict[tuple, object] = {}

@@ -15,7 +15,7 @@ text carry long chains, so alpha pooled over a run at k_max overstates the first
 - c_t: one target decode step (1 token); c_v(k): one verify pass of k+1 tokens, measured for each
   k (on CPUs it grows with k); c_d: one draft step (model, quantised and early-exit drafters).
   Each is the median time of the bundle's own target passes (`Verifier.next_token`, `Verifier.chain`) and drafting
-  steps (`Priced.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
+  steps (`Drafter.probe`) at batch 1, on a KV cache holding a real prompt, the calls of all
   kinds interleaved. Host work per round (acceptance outside the graph, KV commits, Python) is
   not in the model; the measured check shows it.
 - s_1..s_kmax: from a speculative run on the prompts at k = k_max with full chains: a round of k
@@ -134,7 +134,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
 
     Each prompt is prefilled by the scheduler as a generation would be (target and drafter); the
     target passes are the verifier's, the drafting costs the `probe` of each way the drafter
-    drafts (`Priced.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
+    drafts (`Drafter.arms`: a draft graph's step, a prompt lookup, or both for draft.lookup).
     """
     from ..runtime.drafters import Proposal
     from ..runtime.scheduler import Scheduler
@@ -145,7 +145,6 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
     verify_s: dict[int, list[float]] = {k: [] for k in range(1, k_max + 1)}
     arms = list(model.drafter.arms.values())
     arm_s: list[list[float]] = [[] for _ in arms]
-    drafter = model.drafter
     scheduler = Scheduler(model, k=k_max, stop_below=0.0)  # acceptance of every position, as tune models it
     for i, prompt in enumerate(prompts):
         n = len(prompt)
@@ -162,7 +161,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
         first = torch.zeros(1, 1, dtype=torch.long, device=device)
 
         def verify(k: int):
-            drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device), drafter.kind)
+            drafts = Proposal(feed[:, 1:k + 1], None, torch.tensor([k], device=device))
             return model.verifier.chain(batch, drafts, params, torch.zeros(1, k, device=device), zero)
 
         probes = [arm.probe(batch, k_max) for arm in arms]
@@ -173,7 +172,7 @@ def measure_costs(model, prompts: list[list[int]], k_max: int, repeats: int = 5)
             for probe, samples in zip(probes, arm_s):
                 _timed(probe, samples, r > 0)
     med = statistics.median
-    by_cost = {arm.cost: med(samples) for arm, samples in zip(arms, arm_s)}
+    by_cost = {arm.method.cost: med(samples) for arm, samples in zip(arms, arm_s)}
     return Costs(med(target_s), {k: med(v) for k, v in verify_s.items()}, by_cost.get("step"), by_cost.get("lookup"))
 
 
@@ -194,23 +193,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
     token at a time); the fastest of them, or 0 if full chains win, is `best_stop_below`. progress: a bar on
     stderr, one step for the cost timings, one per prompt of the acceptance run, one per check run.
     """
-    from .run import SpeccSystem, encode_prompts, median_run
+    from .run import encode_prompts, median_run
 
-    check_bundle(model)
-    if not 1 <= k_max <= MAX_K:
-        raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
-    if repeats < 1 or timing_prompts < 1:
-        raise SpeccError("--repeats and --timing-prompts must be >= 1")
-    if bad := [p for p in stop_below if not is_probability(p)]:
-        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
-    if stop_below and not model.drafter.method.stops:
-        raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
-                         f"EAGLE head); this bundle drafts with {model.draft_method}")
-    if max_new_tokens < 2:
-        raise SpeccError("--max-new-tokens must be >= 2 (tune measures decoding after prefill's first token), "
-                         f"got {max_new_tokens}")
-    if check_k and not all(1 <= k <= k_max for k in check_k):
-        raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
+    _check_tune_args(model, k_max, max_new_tokens, repeats, timing_prompts, check_k, stop_below)
     prompts = encode_prompts(model, items)
     full = {"temperature": 0.0, "stop_below": 0.0}  # full chains: what the model predicts
     with tqdm(total=1 + len(prompts), desc="tune", unit="step", file=sys.stderr, disable=not progress) as bar:
@@ -235,14 +220,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         ks = sorted(set(check_k) if check_k else {k for k in (1, best - 1, best, best + 1, model.k)
                                                   if k != "auto" and 1 <= k <= k_max}
                     | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
-        systems = [SpeccSystem("target-only", model, {"speculative": False})]
-        systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
-        as_compiled = model.stop_below > 0 and model.drafter.method.stops and model.k != "auto" and model.tree is None
-        if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
-            systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
-        stops = sorted(set(float(p) for p in stop_below))
-        systems += [SpeccSystem(f"k={best} stop<{p:g}", model, {"speculative": True, "k": best, "stop_below": p})
-                    for p in stops]
+        systems, as_compiled, stops = _check_systems(model, ks, best, stop_below)
         runs: dict[str, list] = {s.name: [] for s in systems}
         bar.total += repeats * len(systems)
         for _ in range(repeats):
@@ -256,14 +234,7 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
                          "compare; use other prompts")
 
     def figures(name: str) -> dict:
-        r = median_run(runs[name])["summary"]
-        return {
-            "speedup": decode_rate(r) / decode_rate(base), "decode_tokens_per_second": decode_rate(r),
-            "end_to_end_speedup": r["tokens_per_second"] / base["tokens_per_second"], "tokens_per_second": r["tokens_per_second"],
-            "per_token_acceptance": r["per_token_acceptance"], "tokens_per_target_pass": r["tokens_per_target_pass"],
-            "engine_seconds_per_round": (r["target_seconds"] + r["draft_seconds"]) / r["rounds"] if r["rounds"] else None,
-            "host_seconds_per_round": r["host_seconds"] / r["rounds"] if r["rounds"] else None,
-        }
+        return _figures(median_run(runs[name])["summary"], base)
 
     measured_stops = {p: figures(f"k={best} stop<{p:g}") for p in stops}
     best_stop = max([0.0, *stops], key=lambda p: (measured_stops[p] if p else figures(f"k={best}"))["speedup"]) if stops else None
@@ -286,6 +257,52 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
         "measured_stop_below": measured_stops, "best_stop_below": best_stop,
     }
 
+
+def _check_tune_args(model, k_max: int, max_new_tokens: int, repeats: int, timing_prompts: int,
+                     check_k: list[int] | None, stop_below) -> None:
+    """One SpeccError for the first setting of `run_tune` this bundle or its bounds refuse."""
+    check_bundle(model)
+    if not 1 <= k_max <= MAX_K:
+        raise SpeccError(f"--k-max must be in [1, {MAX_K}], got {k_max}")
+    if repeats < 1 or timing_prompts < 1:
+        raise SpeccError("--repeats and --timing-prompts must be >= 1")
+    if bad := [p for p in stop_below if not is_probability(p)]:
+        raise SpeccError(f"--stop-below {bad[0]!r}: allowed a probability in [0, 1] (0: chains never end early)")
+    if stop_below and not model.drafter.method.stops:
+        raise SpeccError(f"--stop-below ends chains of drafters of one token at a time (a draft model, early exit, an "
+                         f"EAGLE head); this bundle drafts with {model.draft_method}")
+    if max_new_tokens < 2:
+        raise SpeccError("--max-new-tokens must be >= 2 (tune measures decoding after prefill's first token), "
+                         f"got {max_new_tokens}")
+    if check_k and not all(1 <= k <= k_max for k in check_k):
+        raise SpeccError(f"--check-k values must be in [1, --k-max {k_max}], got {sorted(check_k)}")
+
+
+def _check_systems(model, ks: list[int], best: int, stop_below) -> tuple[list, bool, list[float]]:
+    """What the check runs time: target-only, each k's full chains, the recipe's own chains where they stop
+    early, and the best k at each stop threshold; also whether the recipe's ran, and the thresholds."""
+    from .run import SpeccSystem
+
+    systems = [SpeccSystem("target-only", model, {"speculative": False})]
+    systems += [SpeccSystem(f"k={k}", model, {"speculative": True, "k": k, "stop_below": 0.0}) for k in ks]
+    as_compiled = model.stop_below > 0 and model.drafter.method.stops and model.k != "auto" and model.tree is None
+    if as_compiled:  # the recipe's own chains, which stop early: beside the full chains the model predicts
+        systems.append(SpeccSystem("as compiled", model, {"speculative": True}))
+    stops = sorted(set(float(p) for p in stop_below))
+    systems += [SpeccSystem(f"k={best} stop<{p:g}", model, {"speculative": True, "k": best, "stop_below": p})
+                for p in stops]
+    return systems, as_compiled, stops
+
+
+def _figures(r: dict, base: dict) -> dict:
+    """A check run's summary against target-only's."""
+    return {
+        "speedup": decode_rate(r) / decode_rate(base), "decode_tokens_per_second": decode_rate(r),
+        "end_to_end_speedup": r["tokens_per_second"] / base["tokens_per_second"], "tokens_per_second": r["tokens_per_second"],
+        "per_token_acceptance": r["per_token_acceptance"], "tokens_per_target_pass": r["tokens_per_target_pass"],
+        "engine_seconds_per_round": (r["target_seconds"] + r["draft_seconds"]) / r["rounds"] if r["rounds"] else None,
+        "host_seconds_per_round": r["host_seconds"] / r["rounds"] if r["rounds"] else None,
+    }
 
 def decode_rate(summary: dict) -> float:
     """Tokens a second after prefill, what S(k) predicts: the first token of each prompt comes from the

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..bench.table import fmt, table
 from ..errors import SpeccError, escape_control
 from ..limits import context_cost, kv_bytes_per_token
+from ..methods import get_method
 
 
 def format_run_stats(stats: dict, speculative: bool, front: str | None = None) -> str:
@@ -80,7 +81,7 @@ def format_manifest(manifest, path: Path, verified: bool) -> str:
         m = g.model
         lines.append(f"  model     {m['n_layers']} layers, {m['n_kv_heads']} kv heads x {m['head_dim']}, "
                      f"vocab {m['vocab_size']}, {m['dtype']}")
-        if role != "draft" or manifest.draft.method == "model":  # heads and early exit keep no cache of that size
+        if role != "draft" or get_method(manifest.draft.method).own_cache:  # heads and early exit keep none that size
             per_token = kv_bytes_per_token(m["n_layers"], m["n_kv_heads"], m["head_dim"], m["dtype"])
             lines.append("  memory    " + context_cost(per_token, recipe.limits.max_context, recipe.limits.max_batch))
         for i in g.inputs:

@@ -251,7 +251,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # long: one flat table of options, read top to bottom
     """Register generate, bench, eval and tune."""
     p = sub.add_parser("generate", help="generate text with a bundle", description="Generate text with a bundle.")
     p.add_argument("bundle", type=Path, help="bundle directory (`specc compile`)")

@@ -7,7 +7,7 @@ ensures:  inputs draft_tokens [B, K] int64, draft_probs [B, K, V] float32, n_dra
   u_next [B] float32; outputs n_accepted [B] int64, next_token [B] int64, new_k, new_v; no logits.
   Per row: greedy rows (temperature 0) accept the longest prefix equal to the target argmax;
   others use modified rejection sampling with the given noise. The computation is the
-  runtime's own (runtime/sampling.py), so results equal host-side acceptance for the same noise.
+  runtime's own (speculation/sampling.py), so results equal host-side acceptance for the same noise.
   With n_draft = 0 the head samples the next token from position 0: prefill and plain decode.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The speculative runtime: load a bundle, schedule rounds on its compiled graphs.
 
-`model.py` (SpecModel, load) · `scheduler.py` (continuous batching) · `rounds.py` (one round:
-plain, chain, tree) · `verifier.py` (the target pass and acceptance) · `planning.py` (what a
-round drafts: fixed k or the adaptive policy, `adaptive.py`) · `target.py` (the target graph) ·
-`drafters/` (one module per way of drafting) · `state.py`, `stats.py`, `kv_cache.py`, `step.py`,
-`text.py`. Importing this package loads nothing heavy.
+Two layers: `engine.py` (Engine: target, verifier, drafter, caches, policies, limits) runs under
+`scheduler.py` (continuous batching), `planning.py` (what a round drafts; `adaptive.py`) and `rounds.py`
+(one round: plain, chain, tree; `record.py`), with `verifier.py` and `drafters/`; `model.py` (SpecModel,
+load) is the request-facing API on top. docs/architecture.md lists the files a chain round passes through.
+Importing this package loads nothing heavy.
 """
 from __future__ import annotations
 

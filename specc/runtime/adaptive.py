@@ -1,86 +1,20 @@
-"""Adaptive speculation (k "auto"): choose each round's chain length from what was measured so far.
+"""Adaptive speculation (k "auto"): each round's arm and chain length from what was measured so far.
 
-Each round the policy predicts, for every k in [0, k_max], the batch's tokens per second:
+For every k in [0, k_max] and every arm (a way the drafter drafts, `Drafter.arms`) the policy predicts
+the batch's tokens per second, tokens(k) / T(B, k), and plans the best (`AdaptiveK.choose` returns a
+`DraftPlan`); every finished round's `RoundRecord` updates the estimates (`observe`). In short:
 
-    throughput(k) = sum over rows b of tokens_b(k)  /  T(B, k)
+- tokens: per row, 1 + the expected accepted drafts, from the acceptance of draft i given drafts 1..i-1
+  (per arm, per position, per class of drafts where the drafter tells them apart before drafting,
+  `Drafter.finds`), the row's own acceptance of its first draft, and its hit rate (rows with drafts).
+- T(B, k) = a_B + c_B * width: a cost line per batch size over recent rounds (plain rounds price k = 0),
+  plus the catch-up an arm owes a row (`Drafter.behind`) spread over the row's remaining tokens.
+- a margin (MIN_GAIN_LAZY_PREFILL) for arms that pay a draft prefill, early stops at the price of one
+  more draft (`stop_threshold`), and probes that keep the estimates fresh: around the best k, of other
+  arms, and of drafting at growing gaps while plain decoding wins.
 
-- tokens_b(k) = h_b (1 + sum_{i<=k} alpha_b c_2 ... c_i) + (1 - h_b): c_i is the acceptance of
-  draft i given that drafts 1..i-1 were accepted, measured per position over the recent rounds
-  of all rows (a drafter's acceptance is not the same at every position: prompt lookup copies
-  whole runs, so its later drafts are accepted more often than its first; alpha_b c_2 ... c_i is
-  the fraction of rounds whose first i drafts are accepted, `specc tune`'s s_i; with every c_i equal
-  it is the geometric alpha^i); alpha_b is the row's own acceptance of its first draft over
-  its recent rounds (smoothed towards all rows' c_1, so new rows start from it) and h_b the
-  fraction of its recent rounds that had a draft at all (prompt lookup may find none; where the
-  drafter says beforehand which rows it will find drafts for, `Priced.finds`, h_b is 0 or 1). Each c_i
-  is smoothed towards c_{i-1} (c_1 towards a prior), so positions rarely reached borrow from
-  the ones before. Where the drafter tells its drafts apart before drafting (`Priced.finds`: prompt
-  lookup's class is the length of the n-gram it matched, and a long match is accepted far more
-  often than a one-token one), the c_i are also
-  kept per class (a class ages only in the rounds that draft it; its c_1 is smoothed towards all
-  classes' c_1) and each row is priced with its own class's, so a round of a three-token match may
-  draft 8 tokens and one of a one-token match 1 or none. k = 0 is plain decoding: 1 token per row.
-- T(B, k) = a_B + c_B w(k): `specc tune`'s cost model (k draft steps plus a verify pass that grows
-  with the tokens verified) as a line in the width w actually verified, fitted per batch size B
-  by weighted least squares over its recent rounds (whole rounds: drafting, the target pass and
-  host work). w(k) = k for a draft model; for prompt lookup a round is only as wide as the rows
-  that found something, w(k) = k (1 - prod_b (1 - h_b)). A batch size whose slope is not known
-  yet borrows the ratio c/a from the nearest batch size that has one (or a prior). k = 0 is priced
-  by the plain rounds of that batch size themselves (a decayed mean), not by the line's intercept:
-  where drafting rounds differ in kind at the same width (prompt lookup in front of a draft model:
-  lookup rounds skip the model), the line may come out flat, and its intercept would make plain
-  decoding look as dear as drafting.
-- Catch-up: a draft model enters a row's context lazily (its prompt in the first round that drafts
-  for the row, the tokens of plain rounds in the next drafting round), outside T(B, k). The
-  scheduler tells the policy what each arm would enter per row (`Priced.behind`) and how many
-  tokens each row may still generate; at the arm's measured seconds per entered token, a row's
-  catch-up is charged to this round in the share of its remaining rounds this round makes
-  (tokens_b(k) / remaining_b): drafting for a row about to finish, or far behind after plain
-  rounds, costs what it really costs.
-- Early stops (recipe draft.stop_below > 0; `stop_arms`: the arms that draft one token at a time): k is
-  then the longest chain a round asks for, and a row's chain ends once the product of the probabilities
-  the drafter gave its drafts (its estimate that the whole chain is accepted) is below `stop_threshold`:
-  the round's seconds per drafted position times the tokens per second it promises, what one more draft
-  costs in tokens. A chain
-  that stopped after d drafts, all accepted, counts as a rejection at position d + 1 (the round gained
-  what a rejection there would have: c_i stays the gain per position), and a round asking for k is
-  priced at the width such rounds verified (per position and batch size, `drafted_width`), not at k.
-
-Arms: a drafter may draft a round in more than one way (`Priced.arms`): prompt lookup in front of
-a draft model drafts with the model ("model", every row, whatever lookup finds), or with lookup alone,
-leaving the rows it misses without drafts and never running the model ("lookup": no draft cost, no
-draft prefill). Each arm has its own acceptance, hit rate and cost lines (plain rounds price k = 0 for
-all); each round takes the arm whose best k promises the most over its margin. Lookup knows before
-drafting which rows it finds a continuation for and how long a match, so the lookup arm is priced with
-this round's hits and classes, not an average: a round of long matches drafts by lookup, one of short
-matches by the model.
-
-The best k runs if it promises at least `min_gain` times plain decoding's throughput: 1.1 for a draft
-model at batch sizes above 1 (the scheduler's choice): a catch-up paid now is worth it only if the row
-keeps being drafted for, which the estimate assumes and an estimate near break-even does not deliver
-once its catch-ups are paid; 1.0 for drafters without a prefill (prompt lookup, early exit), where a
-margin only gives up gains, and for a lone row, whose catch-up the idle probe below takes in a few plain
-rounds later anyway (with the margin, each request would open with several plain rounds). An arm that
-knows it finds nothing this round (prompt lookup) neither wins nor probes: such a round is a plain round
-(counted as a drafting round, it would hold the draft model's probes off on a fresh policy). A batch size
-never seen before first runs one plain round; every `probe_every`-th round runs the best k + 1, the best
-k - 1, 0 or another arm's best k instead (in turn; 0 only where no plain round was measured in the last
-`probe_every` rounds, prompt lookup that finds nothing makes plain rounds anyway, and where the best k
-promises less than PLAIN_PROBE_WITHIN times plain decoding: a price that far off cannot turn the
-choice), and while k = 0 wins,
-an arm that has not drafted at this batch size for `probe_idle` rounds drafts once with its best k >= 1
-(a plain round measures no acceptance), the arm's gap doubling after each such probe (up to
-`probe_idle_max`) and falling back when the arm wins again, so acceptance and costs that change are
-noticed without paying for a probe every few rounds where drafting never pays (a large batch); the gap
-is kept per batch size and arm, so rounds at a smaller batch, or of prompt lookup, where drafting wins
-do not bring the draft model's probes back. Such a probe, and a probe of another arm, drafts only for
-rows the drafter already took in (`measuring`: rows that joined while the draft model was not drafting
-are not prefilled in it just to measure), except a lone row (batch 1): skipping it, the probe would
-measure nothing, and an arm whose first round went badly would never be tried again. The choice depends only on rounds
-that are finished (their accepted counts and timings) and on the context generated so far
-(`Priced.finds`), never on the current round's noise or target outputs, so each round is an ordinary
-lossless speculative round: greedy output is the target's and sampled output has the target's
-distribution whatever sequence of k the policy picks.
+The choice depends only on finished rounds and the context so far, never on the current round's noise,
+so every round is an ordinary lossless round. docs/architecture.md ("k auto") has the whole model.
 """
 from __future__ import annotations
 
@@ -88,25 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..limits import MAX_K
-
-
-@dataclass
-class RoundRecord:
-    """What one finished round did, as the Scheduler reports it (`Scheduler.last_round`)."""
-
-    rows: list[int]  # request index of each batch row
-    k: int  # chain length asked for (0: plain decode)
-    n_draft: list[int]  # drafts each row proposed (<= k; prompt lookup may find fewer)
-    n_accepted: list[int]
-    draft_seconds: float
-    target_seconds: float
-    seconds: float  # the whole round, host work included (admission/prefill excluded)
-    skipped: list[int] = field(default_factory=list)  # batch rows the drafter skipped (cold, in an idle probe)
-    arm: str = "draft"  # which of the drafter's ways of drafting ran (Priced.arms)
-    catch_up_seconds: float = 0.0  # entering context the drafter lacked (excluded from `seconds`)
-    catch_up_tokens: int = 0
-    stop_below: float = 0.0  # chains could end early where the drafter was unsure (Proposal.stop_below)
-    classes: list[int] = field(default_factory=list)  # per row, the class of its drafts (Proposal.classes; empty: none)
+from .record import DraftPlan, RoundRecord
 
 
 MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps drafting for the row (see above)
@@ -185,9 +101,6 @@ class AdaptiveK:
         self.idle: dict[tuple[int, str], int] = {}  # (batch size, arm) -> rounds since the arm last drafted at that size
         self.probes = 0  # probes while drafting wins cycle through the best k + 1, k - 1, 0 and the other arms
         self.idle_probes = 0  # probes while k = 0 wins take the arms in turn
-        self.measuring = False  # the latest choice drafts only to measure (a probe while k = 0 wins, or of another arm)
-        self.arm = self.arms[0]  # the arm of the latest choice
-        self.stop_below = 0.0  # the latest choice's chain-probability threshold (an arm in stop_arms; 0: none)
         self.chosen: deque[int] = deque(maxlen=4096)  # k of the latest rounds (tests)
 
     def forget_rows(self) -> None:
@@ -198,15 +111,18 @@ class AdaptiveK:
 
     # -- the decision -------------------------------------------------------------------
     def choose(self, rows: list[int], remaining: list[int] | None = None,
-               behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None) -> int:
-        """k for the next round of a batch whose rows are these request indices (its arm: `self.arm`).
+               behind: dict[str, list[int]] | None = None, finds: dict[str, list[int] | None] | None = None
+               ) -> DraftPlan:
+        """The plan of the next round of a batch whose rows are these request indices: its k (0: plain), arm
+        and early-stop threshold; a probe (drafting only to measure) does not `take_in` rows, but for a lone row, which
+        a probe that skipped it would measure nothing of.
 
         remaining: tokens each row may still generate; behind: per arm, tokens of each row the arm must
-        take in before it drafts (`Priced.behind`), priced over the rounds the row has left; finds: per
-        arm, whether it will find drafts for each row this round and of which class (`Priced.finds`), where
+        take in before it drafts (`Drafter.behind`), priced over the rounds the row has left; finds: per
+        arm, whether it will find drafts for each row this round and of which class (`Drafter.finds`), where
         it knows."""
         self.round_no += 1
-        self.measuring, self.stop_below = False, 0.0
+        measuring, stop_below = False, 0.0
         best, arm = 0, self.arms[0]
         b = len(rows)
         # arms that would draft something this round (prompt lookup knows when it finds nothing: such a round
@@ -230,7 +146,7 @@ class AdaptiveK:
                 best = best_k[arm]
                 self.idle_probes += 1
                 self.idle_gap[b, arm] = min(2 * self.idle_gap.get((b, arm), self.probe_idle), self.probe_idle_max)
-                self.measuring = True
+                measuring = True
             elif best:
                 self.idle_gap[b, arm] = self.probe_idle
                 if self.round_no % self.probe_every == 0:  # keep the estimates around the best choice fresh
@@ -242,16 +158,15 @@ class AdaptiveK:
                     options += [(a, best_k[a]) for a in able if a != arm]
                     self.probes += 1
                     probe_arm, best = options[self.probes % len(options)]
-                    self.measuring, arm = probe_arm != arm, probe_arm
+                    measuring, arm = probe_arm != arm, probe_arm
             for a in self.arms:
                 self.idle[b, a] = 0 if best and a == arm else self.idle.get((b, a), 0) + 1
             if best and arm in self.stop_arms:
-                self.stop_below = self.stop_threshold(b, arm, rates[arm][best])
+                stop_below = self.stop_threshold(b, arm, rates[arm][best])
         # else: no arm drafts anything this round, or a batch size never seen: measure plain decoding first,
         # the price of k = 0
-        self.arm = arm
         self.chosen.append(best)
-        return best
+        return DraftPlan(best, arm, take_in=not measuring or b == 1, stop_below=stop_below, stop_chain=True)
 
     def rates(self, rows: list[int], arm: str | None = None, remaining: list[int] | None = None,
               behind: list[int] | None = None, finds: list[int] | None = None) -> dict[int, float]:
@@ -305,7 +220,7 @@ class AdaptiveK:
 
     def conditional(self, arm: str | None = None, cls: int = 0) -> list[float]:
         """c[i] for i in 1..k_max: acceptance of draft i given drafts 1..i-1 were accepted (c[0] unused), of
-        the arm's drafts of class `cls` (`Priced.finds`; smoothed towards all its drafts) or of all (0)."""
+        the arm's drafts of class `cls` (`Drafter.finds`; smoothed towards all its drafts) or of all (0)."""
         st = self.stats[arm or self.arms[0]]
         judged, accepted, prior = st.judged, st.accepted, self.prior_alpha
         if cls in st.classes:
@@ -356,7 +271,7 @@ class AdaptiveK:
     def observe(self, record: RoundRecord) -> None:
         """Learn from a finished round (call before the next `choose`)."""
         b = len(record.rows)
-        width = max(record.n_draft, default=0) if record.k else 0
+        width = max(record.drafted, default=0) if record.k else 0
         arms = self.arms if width == 0 else (record.arm,)  # a plain round prices k = 0 for every arm
         for a in arms:
             self.stats[a].lines.setdefault(b, CostLine(self.decay)).add(width, record.seconds)
@@ -376,7 +291,7 @@ class AdaptiveK:
         st.judged = [x * self.decay for x in st.judged]
         st.accepted = [x * self.decay for x in st.accepted]
         seen: dict[int, tuple[list[float], list[float]]] = {}  # this round's (judged, accepted) per class
-        for j, (row, d, n) in enumerate(zip(record.rows, record.n_draft, record.n_accepted)):
+        for j, (row, d, n) in enumerate(zip(record.rows, record.drafted, record.accepted)):
             if j in skipped:  # not drafted for: says nothing about acceptance or lookup hits
                 continue
             st.rows.setdefault(row, deque(maxlen=self.window)).append((int(n > 0), int(d > 0), d > 0))
@@ -399,6 +314,6 @@ class AdaptiveK:
             for i in range(1, self.k_max + 1):
                 asked[i], verified[i] = (self.decay * asked[i] + (i <= record.k),
                                          self.decay * verified[i] + (i <= min(width, record.k)))
-        drafted = [d for j, d in enumerate(record.n_draft) if j not in skipped]
+        drafted = [d for j, d in enumerate(record.drafted) if j not in skipped]
         if drafted:
             st.hit_rate += self.ema * (sum(d > 0 for d in drafted) / len(drafted) - st.hit_rate)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import TYPE_CHECKING
 
+from .model import SpecModel
 from .scheduler import Scheduler, StreamEvent
-
-if TYPE_CHECKING:
-    from .model import SpecModel
 
 
 class EngineThread:
     idle_poll_s = 0.05  # how often an idle thread looks for new work or shutdown
 
-    def __init__(self, model: "SpecModel", name: str, **scheduler_options):
+    def __init__(self, model: SpecModel, name: str, **scheduler_options):
         self.model, self.scheduler_options = model, scheduler_options
         self.scheduler = Scheduler(model, **scheduler_options)
         self.inbox: queue.Queue = queue.Queue()

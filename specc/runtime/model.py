@@ -1,8 +1,11 @@
-"""SpecModel: a loaded bundle that generates text with speculative rounds (runtime/scheduler.py)."""
+"""SpecModel: the model API users call, over the Engine the scheduler runs (runtime/engine.py).
+
+It turns prompts into validated requests (tokenizer, chat templates, sampling settings, host-side rules)
+and `generate`/`stream` run them on a Scheduler over this engine.
+"""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,21 +16,15 @@ import torch
 from ..backends import Runner
 from ..bundle import Bundle, open_bundle
 from ..errors import RequestError, SpeccError, escape_control
-from ..recipe import tree_nodes
 from ..speculation.sampling import SamplingParams
 from ..speculation.tree import TreeShape
-from .drafters import DraftContext, LookupFirstDrafter, build_drafter
+from .engine import Engine
 from .grammar import Grammars, schema_text
-from .host_threads import host_threads
+from .graphs import load_tokenizer
 from .rules import RowRule, Rules
-from .engines import load_graph, load_tokenizer, min_target_pass_rows, open_runner
-from .prefix_cache import PrefixCache, default_budget_mb
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
 from .stats import RunStats
-from .step import DEFAULT_CHUNK, INTERLEAVE_CHUNK, StepRunner
-from .target import Target
-from .verifier import Verifier
 from .text import TextStream
 
 
@@ -43,116 +40,16 @@ class Completion:
     error: str | None = None  # finish_reason "error": why this request failed (its own rules, not the batch)
 
 
-def _tree_shape(recipe) -> TreeShape:
-    """The recipe's tree shape; lookahead's is its window's node count (its drafter lays out the tree)."""
-    if recipe.draft.method == "lookahead":
-        d = recipe.draft
-        return TreeShape(None, depth=1, branching=1, max_nodes=tree_nodes(recipe),
-                         name=f"lookahead W{d.window} N{d.ngram} G{d.verify_ngrams}")
-    return TreeShape.from_recipe(dataclasses.asdict(recipe.speculation.tree))
-
-
-class SpecModel:
+class SpecModel(Engine):
     """Generate with a compiled bundle: `specc.load(path).generate(["prompt"])`."""
 
     def __init__(self, bundle: Bundle, open_graph: Callable[[Bundle, str], Runner] | None = None):
-        """open_graph(bundle, role) opens one graph's engine; by default `open_runner`, the bundle's
-        backend in this process (specc.triton passes one that calls engines served by Triton)."""
-        self.bundle = bundle
-        m = bundle.manifest
-        recipe = m.recipe
-        self.device = torch.device(recipe.device)
-        self.host_threads = host_threads(m.backend, recipe.device)  # torch's threads while rounds run
-        self._open_graph = open_graph or open_runner
-        self.max_batch = recipe.limits.max_batch
-        self.max_context = recipe.limits.max_context
-        self.k = recipe.speculation.k
-        self.stop_below = recipe.draft.stop_below  # a row's chain ends after a draft below this probability
-        spec = recipe.speculation
-        self.tree = _tree_shape(recipe) if spec.mode == "tree" else None
+        super().__init__(bundle, open_graph)
+        recipe = bundle.manifest.recipe
         self.defaults = SamplingParams(recipe.sampling.temperature, recipe.sampling.top_k, recipe.sampling.top_p)
-        self.eos_ids = set(m.tokenizer.eos_token_ids)
-        self.min_pass_rows = min_target_pass_rows(bundle)  # the target's 1-token passes are padded to this many rows
-        self.target = Target(self._load_graph("target", self.min_pass_rows or 1), self.bundle.graph("target").outputs)
-        self.draft_method = m.draft.method
-        self.verifier = Verifier(self.target)
-        self.drafter = build_drafter(self.draft_method, DraftContext(
-            dataclasses.asdict(recipe.draft), m.draft.graph, self._load_graph, self.max_context,
-            self.target.dims.vocab_size))
         self.tokenizer = load_tokenizer(bundle)
         self.grammars = Grammars(self.tokenizer, self.target.dims.vocab_size, self.eos_ids)  # compiles on first use
-        if self.min_pass_rows is None and self.drafter is not None:
-            logging.getLogger("specc").warning(
-                "bundle %s: on this CPU its quantised target computes a row differently in passes of different sizes, "
-                "so greedy speculative output can differ from its target-only output where two tokens nearly tie "
-                "(sampled output still follows the verify pass's distribution). docs/quantization.md lists the "
-                "settings that are row-invariant on which CPUs", escape_control(bundle.path))
         self.last_stats = RunStats()  # the most recent call's figures only; each call returns its own
-        self.prefill_chunk = DEFAULT_CHUNK
-        self.interleave_chunk = INTERLEAVE_CHUNK  # most prompt tokens per step while other rows decode (Scheduler)
-        self.prefix_cache = PrefixCache(default_budget_mb() << 20)  # shared by every call and server request
-        self.policies: dict[tuple, object] = {}  # adaptive-k policies (Scheduler): what calls learned, later calls reuse
-
-    def _load_graph(self, role: str, min_rows: int = 1) -> StepRunner:
-        return load_graph(self.bundle, role, self._open_graph, self.device, min_rows)
-
-    @property
-    def prefill_chunk(self) -> int:
-        """Most prompt tokens per row in one prefill pass, the target's and the draft's (runtime/prefill.py)."""
-        return self._prefill_chunk
-
-    @prefill_chunk.setter
-    def prefill_chunk(self, tokens: int) -> None:
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-            raise RequestError(f"prefill_chunk must be an integer >= 1, got {tokens!r}")
-        self._prefill_chunk = tokens
-        drafters = [self.drafter, *(self.drafter.arms.values() if self.drafter is not None else ())]
-        for d in drafters + [getattr(d, "model", None) for d in drafters]:
-            if d is not None and hasattr(d, "prefill_chunk"):
-                d.prefill_chunk = tokens
-
-    def set_prefix_cache_mb(self, mb: int) -> None:
-        """Keep at most `mb` MiB of target KV in the prefix cache (0: off); what it held is dropped."""
-        self.prefix_cache = PrefixCache(int(mb) << 20)
-
-    @property
-    def verify_head(self) -> bool:
-        """Acceptance runs inside the target graph (passes/insert_verify_head.py)."""
-        return self.target.verify_head
-
-    @property
-    def can_speculate(self) -> bool:
-        return self.drafter is not None
-
-    @property
-    def lookup_first(self) -> bool:
-        """Prompt lookup drafts first, the draft model where it finds nothing (recipe draft.lookup)."""
-        return isinstance(self.drafter, LookupFirstDrafter)
-
-    @property
-    def front_drafter(self) -> str | None:
-        """The drafter in front of the draft model, if any: "prompt lookup" (draft.lookup), "suffix" (draft.suffix)."""
-        from .drafters.suffix import SuffixFirstDrafter
-
-        if self.lookup_first:
-            return "prompt lookup"
-        return "suffix" if isinstance(self.drafter, SuffixFirstDrafter) else None
-
-    @property
-    def draft_label(self) -> str:
-        """The draft method as tables name it: 'quantized+lookup' for a lookup-first drafter, 'model+suffix'
-        for the suffix drafter in front of a draft model."""
-        front = self.front_drafter
-        return self.draft_method + ({"prompt lookup": "+lookup", "suffix": "+suffix"}[front] if front else "")
-
-    @property
-    def suffix_cache(self):
-        """The global suffix cache (outputs of earlier requests) this model drafts from, or None
-        (draft.method suffix, or draft.suffix: true; runtime/drafters/suffix.py). It lives as long as the
-        model, so a server keeps it across requests."""
-        from .drafters.suffix import suffix_cache_of
-
-        return suffix_cache_of(self.drafter)
 
     def warm(self, texts: Seq[str]) -> int:
         """Add earlier outputs (texts, e.g. from `--warm FILE`) to the suffix cache; returns the tokens added

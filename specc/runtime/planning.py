@@ -1,28 +1,28 @@
-"""What each chain round drafts: a fixed k, or the adaptive policy (runtime/adaptive.py).
+"""What each round drafts: a fixed k or the adaptive policy (runtime/adaptive.py) for chains, and for trees
+how much of the drafted trees a round verifies (`TreeSizer`, `LookaheadGate`).
 
-A planner answers `plan(batch)` before a round (None: a plain round) and hears how it went in
-`observe`, which turns the round's result into the `RoundRecord` the policy learns from and the
-server's metrics read. Nothing here touches the batch: the choice depends only on finished rounds
+A planner answers `plan(batch)` before a chain round (k 0: a plain round) and learns from the round's
+`RoundRecord` in `observe`. Nothing here touches the batch: the choice depends only on finished rounds
 and the context so far, so every round stays an ordinary lossless speculative round.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from ..limits import auto_k_max
 from ..speculation.tree import DraftTree, rerank
-from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, CostLine, RoundRecord
-from .drafters.base import DraftPlan, Drafter
-from .rounds import RoundResult
+from .adaptive import MIN_GAIN_LAZY_PREFILL, AdaptiveK, CostLine
+from .drafters.base import Drafter
+from .engine import Engine
+from .record import DraftPlan, RoundRecord
 from .state import Batch
-
-if TYPE_CHECKING:
-    from .model import SpecModel
 
 
 class Planner:
     """A fixed chain length k (0: plain rounds only), with early stops below `stop_below`."""
+
+    policy: AdaptiveK | None = None  # what learns from the rounds (k auto)
 
     def __init__(self, k: int, stop_below: float = 0.0):
         self.k, self.stop_below = k, stop_below
@@ -32,18 +32,11 @@ class Planner:
         """The longest chain a round may draft."""
         return self.k
 
-    def plan(self, batch: Batch) -> DraftPlan | None:
-        return DraftPlan(self.k, stop_below=self.stop_below) if self.k else None
+    def plan(self, batch: Batch) -> DraftPlan:
+        return DraftPlan(self.k, stop_below=self.stop_below)
 
-    def observe(self, batch: Batch, plan: DraftPlan | None, result: RoundResult, seconds: float) -> RoundRecord:
-        """The record of a finished round (`seconds`: the whole round, catch-up included)."""
-        info = result.info
-        return RoundRecord(rows=[s.index for s in batch.seqs], k=plan.k if plan else 0, n_draft=result.drafted,
-                           n_accepted=result.accepted, draft_seconds=result.draft_seconds,
-                           target_seconds=result.verify_seconds, seconds=seconds - info.catch_up_seconds,
-                           skipped=info.skipped, arm=(plan.arm if plan else None) or "draft",
-                           catch_up_seconds=info.catch_up_seconds, catch_up_tokens=info.catch_up_tokens,
-                           stop_below=info.stop_below, classes=info.classes or [])
+    def observe(self, record: RoundRecord) -> None:
+        """A finished round (a fixed k learns nothing)."""
 
 
 class AdaptivePlanner(Planner):
@@ -53,23 +46,14 @@ class AdaptivePlanner(Planner):
         super().__init__(policy.k_max)
         self.policy, self.drafter = policy, drafter
 
-    def plan(self, batch: Batch) -> DraftPlan | None:
+    def plan(self, batch: Batch) -> DraftPlan:
         seqs, arms = batch.seqs, self.drafter.arms
-        k = self.policy.choose([s.index for s in seqs], remaining=[s.max_new_tokens - len(s.out) for s in seqs],
-                               behind={name: d.behind(batch) for name, d in arms.items()},
-                               finds={name: d.finds(batch) for name, d in arms.items()})
-        if not k:
-            return None
-        # a probe (policy.measuring) does not make the drafter take in rows it has not taken in, but a
-        # lone row: skipping it, the probe would measure nothing (and the arm never be learned)
-        warm = not self.policy.measuring or len(seqs) == 1
-        return DraftPlan(k, arm=self.policy.arm, warm=warm, stop_below=self.policy.stop_below, stop_chain=True)
+        return self.policy.choose([s.index for s in seqs], remaining=[s.max_new_tokens - len(s.out) for s in seqs],
+                                  behind={name: d.behind(batch) for name, d in arms.items()},
+                                  finds={name: d.finds(batch) for name, d in arms.items()})
 
-    def observe(self, batch: Batch, plan: DraftPlan | None, result: RoundResult, seconds: float) -> RoundRecord:
-        record = super().observe(batch, plan, result, seconds)
-        record.arm = plan.arm if plan else self.policy.arm
+    def observe(self, record: RoundRecord) -> None:
         self.policy.observe(record)
-        return record
 
 
 class TreeSizer:
@@ -94,10 +78,10 @@ class TreeSizer:
     def __init__(self, most: int, decay: float = 0.9):
         self.most, self.line = most, CostLine(decay)
         self.accepted, self.promised = 1.0, 1.0  # decayed sums: kappa = accepted / promised, starting at 1
-        self.promise = 0.0  # what the last sized round's kept nodes promised
 
-    def size(self, trees: list[DraftTree], greedy: list[bool]) -> list[DraftTree]:
-        """The trees cut to the n that promises the most tokens per second (rows' own budgets kept)."""
+    def size(self, trees: list[DraftTree], greedy: list[bool]) -> tuple[list[DraftTree], float]:
+        """The trees cut to the n that promises the most tokens per second (rows' own budgets kept), and the
+        accepted nodes the kept ones promise (the round's `cut`)."""
         gains = [sorted((math.exp(s) for s in t.score[1:]), reverse=True) for t in trees]
         a, c = self.line.fit() if self.line.w else (1.0, None)
         c = a * self.PRIOR_SLOPE if c is None else c
@@ -108,14 +92,14 @@ class TreeSizer:
             rate = tokens / (a + c * max(min(n, len(g)) for g in gains))
             if rate > best_rate + 1e-12:
                 best, best_rate = n, rate
-        self.promise = sum(sum(g[:best]) for g in gains)
-        return [rerank(t, best) if g else cut_path(t, best) for t, g in zip(trees, greedy)]
+        promise = sum(sum(g[:best]) for g in gains)
+        return [rerank(t, best) if g else cut_path(t, best) for t, g in zip(trees, greedy)], promise
 
-    def observe(self, width: int, seconds: float, accepted: int) -> None:
-        """A finished round: its widest row's verified nodes, its seconds, the drafts it accepted."""
-        self.line.add(width, seconds)
-        self.accepted = 0.9 * self.accepted + accepted
-        self.promised = 0.9 * self.promised + max(self.promise, 1e-3)
+    def observe(self, record: RoundRecord) -> None:
+        """A finished round: its widest row's verified nodes (k), its seconds, the drafts it accepted."""
+        self.line.add(record.k, record.seconds)
+        self.accepted = 0.9 * self.accepted + sum(record.accepted)
+        self.promised = 0.9 * self.promised + max(record.cut or 0.0, 1e-3)
 
 
 def cut_path(tree: DraftTree, n: int) -> DraftTree:
@@ -156,11 +140,11 @@ class LookaheadGate:
         self.lines: dict[int, CostLine] = {}
         self.gain = {VERIFY: self.PRIOR_GAIN, WHOLE: self.PRIOR_GAIN}
         self.gap, self.since = self.PROBE_GAP, 0  # rounds since the whole tree was last verified
-        self.level, self.rows, self.hit, self.probing = WHOLE, 1, 0, False  # the last sized round's
         self.plain_seen: set[int] = set()  # batch sizes whose plain steps were measured
 
-    def size(self, trees: list[DraftTree], greedy: list[bool]) -> list[DraftTree]:
-        """Every row's tree cut to the level that promises the most tokens per second (greedy and sampled alike)."""
+    def size(self, trees: list[DraftTree], greedy: list[bool]) -> tuple[list[DraftTree], "GateCut"]:
+        """Every row's tree cut to the level that promises the most tokens per second (greedy and sampled alike),
+        and that choice (the round's `cut`)."""
         guesses = [getattr(t, "guesses", t.size) for t in trees]
         widths = {PLAIN: 0, VERIFY: max(guesses), WHOLE: max(t.size for t in trees)}
         rows, hit = len(trees), sum(1 for g in guesses if g)
@@ -175,44 +159,50 @@ class LookaheadGate:
             best = PLAIN
             self.plain_seen.add(rows)
         self.since += 1
-        self.probing = best == PLAIN and WHOLE in rate and self.since >= self.gap
-        self.level, self.rows, self.hit = (WHOLE if self.probing else best), rows, hit
-        if self.level == WHOLE:
+        probing = best == PLAIN and WHOLE in rate and self.since >= self.gap
+        cut = GateCut(WHOLE if probing else best, rows, hit, probing)
+        if cut.level == WHOLE:
             self.since = 0
-            return trees
-        keep = {PLAIN: [0] * rows, VERIFY: guesses}[self.level]
-        return [cut_path(t, n) for t, n in zip(trees, keep)]
+            return trees, cut
+        keep = {PLAIN: [0] * rows, VERIFY: guesses}[cut.level]
+        return [cut_path(t, n) for t, n in zip(trees, keep)], cut
 
-    def observe(self, width: int, seconds: float, accepted: int) -> None:
-        """A finished round: its widest row's verified nodes, its seconds, the drafts it accepted."""
-        self.lines.setdefault(self.rows, CostLine(self.decay)).add(width, seconds)
-        if self.level == PLAIN or not width:
+    def observe(self, record: RoundRecord) -> None:
+        """A finished round: its widest row's verified nodes (k), its seconds, the drafts it accepted."""
+        cut, width, seconds, accepted = record.cut, record.k, record.seconds, sum(record.accepted)
+        self.lines.setdefault(cut.rows, CostLine(self.decay)).add(width, seconds)
+        if cut.level == PLAIN or not width:
             return
-        per = accepted / max(1, self.hit if self.level == VERIFY else self.rows)
-        self.gain[self.level] = self.decay * self.gain[self.level] + (1 - self.decay) * per
-        if self.probing:
-            self.gap = self.PROBE_GAP if self._whole_wins(width, seconds, accepted) else min(2 * self.gap, self.PROBE_GAP_MAX)
-
-    def _whole_wins(self, width: int, seconds: float, accepted: int) -> bool:
-        """Whether the probe's tokens per second beat plain decoding's as now priced."""
-        a, _ = self.lines[self.rows].fit()
-        return (self.rows + accepted) / seconds > self.rows / a
+        per = accepted / max(1, cut.hit if cut.level == VERIFY else cut.rows)
+        self.gain[cut.level] = self.decay * self.gain[cut.level] + (1 - self.decay) * per
+        if cut.probing:
+            whole_wins = (cut.rows + accepted) / seconds > cut.rows / self.lines[cut.rows].fit()[0]
+            self.gap = self.PROBE_GAP if whole_wins else min(2 * self.gap, self.PROBE_GAP_MAX)
 
 
-def make_planner(model: "SpecModel", k: int | str, stop_below: float) -> Planner:
-    """The planner for chain rounds of this model: fixed k, or one adaptive policy per model and settings,
+@dataclass(frozen=True)
+class GateCut:
+    """A gated round: the level its trees were cut to, its rows, the rows with n-grams to verify, and
+    whether it probes the whole tree while plain steps win."""
+
+    level: str
+    rows: int
+    hit: int
+    probing: bool
+
+
+def make_planner(engine: Engine, k: int | str, stop_below: float) -> Planner:
+    """The planner for chain rounds of this engine: fixed k, or one adaptive policy per engine and settings,
     so a call starts from what earlier calls learned."""
     if k != "auto":
         return Planner(k, stop_below)
-    arms = model.drafter.arms
+    arms = engine.drafter.arms
     # a drafter whose first rounds for a row pay its prefill must promise more than plain decoding
-    margins = {name: MIN_GAIN_LAZY_PREFILL if d.lazy_prefill else 1.0 for name, d in arms.items()}
+    margins = {name: MIN_GAIN_LAZY_PREFILL if d.method.lazy_prefill else 1.0 for name, d in arms.items()}
     # with early stops, chains end where the policy prices one more draft above what it gains
     stop_arms = tuple(name for name, d in arms.items() if d.method.stops) if stop_below else ()
-    k_max = auto_k_max(model.k)
-    key = (AdaptiveK, k_max, tuple(margins.items()), stop_arms)
-    if key not in model.policies:
-        model.policies[key] = AdaptiveK(k_max, min_gain=margins, arms=tuple(arms), stop_arms=stop_arms)
-    policy = model.policies[key]
+    k_max = auto_k_max(engine.k)
+    policy = engine.policy((AdaptiveK, k_max, tuple(margins.items()), stop_arms),
+                           lambda: AdaptiveK(k_max, min_gain=margins, arms=tuple(arms), stop_arms=stop_arms))
     policy.forget_rows()
-    return AdaptivePlanner(policy, model.drafter)
+    return AdaptivePlanner(policy, engine.drafter)

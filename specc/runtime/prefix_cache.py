@@ -10,7 +10,7 @@ under a byte budget; blocks are written when a prompt has been prefilled and whe
 Only the target's KV is kept. A draft model's cache catches up lazily from the tokens (its
 prefill is chunked and cheap next to the target's); an early-exit draft reads the target's cache;
 an EAGLE head needs the target's features of every prompt token, so bundles with EAGLE do not use
-the cache (`Drafter.prompt_features`).
+the cache (its method row's `prompt_features`, also behind a front drafter).
 """
 from __future__ import annotations
 
@@ -94,6 +94,14 @@ class PrefixCache:
         with self._lock:
             self.blocks.clear()
             self.bytes = 0
+
+
+def copy_blocks(blocks: list[tuple[torch.Tensor, torch.Tensor]], cache, row: int) -> int:
+    """Write `match`'s blocks into row `row` of a KVCache from its first slot on; returns the tokens they hold."""
+    for i, (k, v) in enumerate(blocks):
+        cache.k[:, row, :, i * BLOCK:(i + 1) * BLOCK] = k
+        cache.v[:, row, :, i * BLOCK:(i + 1) * BLOCK] = v
+    return len(blocks) * BLOCK
 
 
 def default_budget_mb() -> int:

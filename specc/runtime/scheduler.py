@@ -12,27 +12,23 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import RequestError
 from ..limits import MAX_K, is_probability
 from ..speculation.tree import TreeShape
-from .adaptive import RoundRecord
-from .drafters.base import DraftPlan
+from .engine import Engine
 from .host_threads import torch_threads
 from .kv_cache import KVCache
+from .pacing import Pacing
 from .planning import LookaheadGate, Planner, TreeSizer, make_planner
 from .prefill import Prefill
-from .prefix_cache import BLOCK as PREFIX_BLOCK
-from .rounds import RoundResult, chain_round, plain_round, tree_round
+from .prefix_cache import BLOCK as PREFIX_BLOCK, copy_blocks
+from .record import RoundRecord
+from .rounds import chain_round, plain_round, tree_round
 from .state import Batch, Request
-from .step import INTERLEAVE_MIN, INTERLEAVE_ROUNDS, INTERLEAVE_SHARE, INTERLEAVE_START
 from .stats import RunStats
-
-if TYPE_CHECKING:
-    from .model import SpecModel
 
 
 @dataclass
@@ -57,65 +53,64 @@ class Scheduler:
     over the batch.
     """
 
-    def __init__(self, model: "SpecModel", speculative: bool = True, k: int | str | None = None,
+    def __init__(self, engine: Engine, speculative: bool = True, k: int | str | None = None,
                  tree: TreeShape | None = None, max_batch: int | None = None, stop_below: float | None = None):
         """k: chain length, or "auto" (runtime/adaptive.py picks 0..k_max each round); max_batch: at most
         this many rows (default and upper bound: the bundle's limits.max_batch); stop_below: a row's chain
         ends after a draft the drafter gave a probability below this (default: the recipe's draft.stop_below;
         under k auto, above 0 it turns on early stops at the policy's threshold: a row's chain ends once the
         product of its drafts' probabilities is below what one more draft costs, `AdaptiveK.stop_threshold`)."""
-        self.model, self.target, self.drafter, self.verifier = model, model.target, model.drafter, model.verifier
-        self.max_batch = model.max_batch if max_batch is None else max_batch
-        if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= model.max_batch):
-            raise RequestError(f"max_batch must be in [1, {model.max_batch}] (the bundle's limits.max_batch), got {max_batch!r}")
-        self.speculative = speculative and model.can_speculate
-        tree_only = self.speculative and model.drafter.method.tree_only
-        # lookahead: k auto (asked for, or the recipe's) lets a gate cut rounds that do not pay to plain steps;
-        # a tree asked for verifies the drafter's whole tree every round
-        gated = tree_only and (k == "auto" or (k is None and tree is None and model.k == "auto"))
-        if tree_only and k is not None:
-            if k != "auto":
-                raise RequestError(f"k must be 'auto' with {model.draft_label} drafting (its window sets the tree it "
-                                   f"verifies; auto chooses each round between that tree and a plain step), got {k!r}")
-            k, tree = None, model.tree
-        if k is not None and tree is not None:
-            raise RequestError("give k (chain speculation) or tree, not both")
-        if tree is not None and not model.target.step.has_tree_mask:
-            raise RequestError("this bundle was compiled for chain speculation; trees need speculation.mode tree in the recipe")
-        if tree is not None and not model.drafter.method.trees:
-            raise RequestError(f"{model.draft_label} drafting proposes chains, not trees")
-        default_tree = model.tree if k is None else None
-        if tree_only:  # the drafter lays out its own tree; the shape only sizes the round's noise
-            tree = model.tree
-        self.tree = (tree or default_tree) if self.speculative else None
-        if k is None and self.tree is None:
-            k = model.k  # the recipe's: an integer or "auto"
+        self.engine, self.target, self.drafter, self.verifier = engine, engine.target, engine.drafter, engine.verifier
+        self.max_batch = engine.max_batch if max_batch is None else max_batch
+        if not (isinstance(self.max_batch, int) and 1 <= self.max_batch <= engine.max_batch):
+            raise RequestError(f"max_batch must be in [1, {engine.max_batch}] (the bundle's limits.max_batch), got {max_batch!r}")
+        self.speculative = speculative and engine.can_speculate
         if stop_below is not None and not is_probability(stop_below):
             raise RequestError(f"stop_below must be a probability in [0, 1], got {stop_below!r}")
-        self.stop_below = model.stop_below if stop_below is None else float(stop_below)
-        if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
-            raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
-        # trees whose node scores estimate acceptance are cut to what a verify pass of their width pays
-        self.sizer = TreeSizer(self.tree.size) if self.tree is not None and model.drafter.method.sized_trees else None
-        if gated:
-            self.sizer = model.policies.setdefault((LookaheadGate,), LookaheadGate())
-        chains = self.speculative and self.tree is None
-        self.planner = make_planner(model, k, self.stop_below) if chains else Planner(0)
+        self.stop_below = engine.stop_below if stop_below is None else float(stop_below)
+        k, self.tree, self.sizer = self._shape(k, tree)
+        self.planner = make_planner(engine, k, self.stop_below) if self.speculative and self.tree is None else Planner(0)
         self.k = self.planner.k_max
         self.waiting: deque[Request] = deque()
         self.batch: Batch | None = None
         self.prefilling: Prefill | None = None  # requests admitted whose prompts are still being prefilled
         self.stats = RunStats()
         self.last_round: RoundRecord | None = None  # the latest decode round (adaptive policy, server metrics)
+        self.pacing = Pacing()  # a long prompt's chunks beside decoding rows
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
-        # what sizes a prompt's chunks beside decoding rows (_interleave_size): a round's seconds (moving average),
-        # the last such chunk's seconds per prompt token and its tokens; and what paces them (step): the seconds
-        # of prefill the rows' rounds have paid for, INTERLEAVE_SHARE of each round's, less the chunks' own
-        self._round_s: float | None = None
-        self._chunk_token_s: float | None = None
-        self._chunk_tokens = INTERLEAVE_START
-        self._credit = 0.0
+
+    def _shape(self, k, tree: TreeShape | None):
+        """The rounds asked for, checked against the bundle: (chain k or None, tree or None, the tree's sizer)."""
+        engine = self.engine
+        tree_only = self.speculative and engine.drafter.method.tree_only
+        # lookahead: k auto (asked for, or the recipe's) lets a gate cut rounds that do not pay to plain steps;
+        # a tree asked for verifies the drafter's whole tree every round
+        gated = tree_only and (k == "auto" or (k is None and tree is None and engine.k == "auto"))
+        if tree_only and k is not None:
+            if k != "auto":
+                raise RequestError(f"k must be 'auto' with {engine.draft_label} drafting (its window sets the tree it "
+                                   f"verifies; auto chooses each round between that tree and a plain step), got {k!r}")
+            k, tree = None, engine.tree
+        if k is not None and tree is not None:
+            raise RequestError("give k (chain speculation) or tree, not both")
+        if tree is not None and not engine.target.step.has_tree_mask:
+            raise RequestError("this bundle was compiled for chain speculation; trees need speculation.mode tree in the recipe")
+        if tree is not None and not engine.drafter.method.trees:
+            raise RequestError(f"{engine.draft_label} drafting proposes chains, not trees")
+        default_tree = engine.tree if k is None else None
+        if tree_only:  # the drafter lays out its own tree; the shape only sizes the round's noise
+            tree = engine.tree
+        tree = (tree or default_tree) if self.speculative else None
+        if k is None and tree is None:
+            k = engine.k  # the recipe's: an integer or "auto"
+        if k is not None and k != "auto" and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_K):
+            raise RequestError(f"k must be an integer in [1, {MAX_K}] or 'auto', got {k!r}")
+        # trees whose node scores estimate acceptance are cut to what a verify pass of their width pays
+        sizer = TreeSizer(tree.size) if tree is not None and engine.drafter.method.sized_trees else None
+        if gated:
+            sizer = engine.policy((LookaheadGate,), LookaheadGate)
+        return k, tree, sizer
 
     def submit(self, request: Request) -> None:
         with self._lock:
@@ -131,7 +126,7 @@ class Scheduler:
     @property
     def policy(self):
         """The adaptive policy choosing this scheduler's k (None for a fixed k or trees)."""
-        return getattr(self.planner, "policy", None)
+        return self.planner.policy
 
     @property
     def lookahead(self) -> int:
@@ -147,12 +142,10 @@ class Scheduler:
 
         Waiting requests are admitted when no prefill is under way (runtime/prefill.py). A long prompt
         prefills one chunk per step, and the running batch gets a round after each chunk, so its rows
-        keep producing tokens. Beside decoding rows the prompt takes about INTERLEAVE_SHARE of their
-        time: a chunk runs only once the rounds since the last one have paid for it, so the rows' mean
-        time between tokens stays within 1 + INTERLEAVE_SHARE rounds however long a chunk takes.
+        keep producing tokens; beside decoding rows the chunks are paced and sized by `Pacing`.
         A step whose prefill finished returns the new rows' first tokens at once (the round follows in
         the next step), so time to first token is the prefill's, not the prefill's plus a round's."""
-        with torch_threads(self.model.host_threads):
+        with torch_threads(self.engine.host_threads):
             return self._step()
 
     def _step(self) -> list[StreamEvent]:
@@ -162,74 +155,66 @@ class Scheduler:
         if self.prefilling is None:
             self.prefilling = self._admit()
         if self.batch is None:
-            self._credit = 0.0  # what the prompt owed was owed to rows that have left
+            self.pacing.idle()
         joined = False
-        if self.prefilling is not None and (self.batch is None or self._credit >= 0):
-            began = time.perf_counter()
-            size = self.model.prefill_chunk if self.batch is None else self._interleave_size()
-            entered = sum(self.prefilling.entered)
-            self.prefilling.step(size)
-            spent = time.perf_counter() - began
-            self.stats.prefill_seconds += spent
-            if self.batch is not None:
-                self._chunk_token_s = spent / max(1, sum(self.prefilling.entered) - entered)
-                self._credit -= spent
-            if self.prefilling.done:
-                events += self._join(self.prefilling)
-                self.prefilling, joined = None, True
+        if self.prefilling is not None and (self.batch is None or self.pacing.due):
+            events += self._prefill_chunk()
+            joined = self.prefilling is None
         if self.batch is not None and not joined:
             events += self._round(self.batch)
         self.stats.seconds += time.perf_counter() - start
         return events
 
-    def _interleave_size(self) -> int:
-        """Prompt tokens of a chunk prefilled beside decoding rows: as many as cost about INTERLEAVE_ROUNDS
-        rounds at the last such chunk's seconds per token (`step` runs one whenever the rounds since the
-        last have paid for it). That cost per token includes the pass's fixed part, so a chunk that ran
-        under its budget grows the next one and one that ran over shrinks it, to the size whose pass
-        takes the budget (within a factor of two per step, between INTERLEAVE_MIN and
-        `model.interleave_chunk`)."""
-        last, cap = self._chunk_tokens, self.model.interleave_chunk
-        if self._round_s is None or self._chunk_token_s is None:
-            size = min(cap, INTERLEAVE_START)
-        else:
-            size = int(INTERLEAVE_ROUNDS * self._round_s / self._chunk_token_s)
-            size = max(last // 2, min(2 * last, size))
-        self._chunk_tokens = max(min(INTERLEAVE_MIN, cap), min(cap, self.model.prefill_chunk, size))
-        return self._chunk_tokens
+    def _prefill_chunk(self) -> list[StreamEvent]:
+        """One chunk of the prompts being prefilled; once they are done, they join the batch."""
+        began = time.perf_counter()
+        decoding = self.batch is not None
+        size = self.pacing.chunk_size(self.engine.interleave_chunk, self.engine.prefill_chunk) if decoding \
+            else self.engine.prefill_chunk
+        entered = sum(self.prefilling.entered)
+        self.prefilling.step(size)
+        spent = time.perf_counter() - began
+        self.stats.prefill_seconds += spent
+        if decoding:
+            self.pacing.chunk_ran(spent, sum(self.prefilling.entered) - entered)
+        if not self.prefilling.done:
+            return []
+        events = self._join(self.prefilling)
+        self.prefilling = None
+        return events
 
     def _round(self, batch: Batch) -> list[StreamEvent]:
         """One round over the batch, of the kind the planner decides; its record, statistics and events."""
         start = time.perf_counter()
         if self.tree is not None:
-            result = tree_round(batch, self.drafter, self.verifier, self.tree, self.sizer)
-            plan = DraftPlan(result.width)  # what the round's record counts: the nodes verified
-        elif (plan := self.planner.plan(batch)) is not None:
-            result = chain_round(batch, self.drafter, self.verifier, plan)
+            record = tree_round(batch, self.drafter, self.verifier, self.tree, self.sizer)
         else:
-            result = plain_round(batch, self.verifier, self.drafter if self.speculative else None)
+            plan = self.planner.plan(batch)
+            record = (chain_round(batch, self.drafter, self.verifier, plan) if plan.k else
+                      plain_round(batch, self.verifier, self.drafter if self.speculative else None))
+            record.arm = plan.arm or record.arm
         seconds = time.perf_counter() - start
-        self.last_round = self.planner.observe(batch, plan, result, seconds)
+        record.rows, record.seconds = [s.index for s in batch.seqs], seconds - record.catch_up_seconds
+        self.planner.observe(record)
         if self.sizer is not None:
-            self.sizer.observe(result.width, seconds, sum(result.accepted))
-        self._round_s = seconds if self._round_s is None else 0.8 * self._round_s + 0.2 * seconds
-        self._credit = min(0.0, self._credit + INTERLEAVE_SHARE * seconds)  # no savings: a chunk never bursts
-        self._account(batch, result)
-        events = self._advance(batch, result.tokens, result.logprobs)
+            self.sizer.observe(record)
+        self.last_round = record
+        self.pacing.round_ran(seconds)
+        self._account(batch, record, drafting=self.tree is not None or record.k > 0)
+        events = self._advance(batch, record.tokens, record.logprobs)
         if not batch.seqs:
             self.batch = None
         return events
 
-    def _account(self, batch: Batch, result: RoundResult) -> None:
-        """Add a round's figures to each row's and the run's statistics."""
-        k = self.last_round.k
-        self.stats.rounds_by_k[k] = self.stats.rounds_by_k.get(k, 0) + 1
-        self.stats.draft_seconds += result.draft_seconds
-        self.stats.target_seconds += result.verify_seconds
-        self.stats.prefill_seconds += result.info.catch_up_seconds  # a draft model's lazy prefill
-        if result.source:  # a drafting round (plain rounds are not speculation's)
-            for seq, d, n in zip(batch.seqs, result.drafted, result.accepted):
-                seq.stats.record(d, n, result.source)
+    def _account(self, batch: Batch, record: RoundRecord, drafting: bool) -> None:
+        """Add a round's figures to each row's and the run's statistics (plain rounds are not speculation's)."""
+        self.stats.rounds_by_k[record.k] = self.stats.rounds_by_k.get(record.k, 0) + 1
+        self.stats.draft_seconds += record.draft_seconds
+        self.stats.target_seconds += record.target_seconds
+        self.stats.prefill_seconds += record.catch_up_seconds  # a draft model's lazy prefill
+        if drafting:
+            for seq, d, n in zip(batch.seqs, record.drafted, record.accepted):
+                seq.stats.record(d, n, record.front)
 
     def prefill(self, requests: list[Request]) -> tuple[Batch, list[list[int]]]:
         """Run the prompts through the target (and drafter) at once; returns their batch and each row's first token."""
@@ -242,22 +227,18 @@ class Scheduler:
 
     def _start_prefill(self, requests: list[Request]) -> Prefill:
         """A batch for these requests whose cache starts with what the prefix cache holds of each prompt."""
-        cache = KVCache(self.target.dims, len(requests), self.model.max_context, self.model.device)
+        cache = KVCache(self.target.dims, len(requests), self.engine.max_context, self.engine.device)
         echo = any(r.rule is not None and r.rule.rules.prompt_logprobs for r in requests)
-        prefix = self.model.prefix_cache if self._prefix_cache_usable and not echo else None  # echo reads every prompt row
+        prefix = self.engine.prefix_cache if self._prefix_cache_usable and not echo else None  # echo reads every prompt row
         found = [prefix.match(r.prompt, r.cache_domain) if prefix is not None else [] for r in requests]
         # room for the cached prefixes only: each chunk grows the cache by what it enters (Prefill.step), as the
         # graphs attend over the whole capacity and a cache sized for the whole prompt would tax every chunk
         cache.ensure(max(len(blocks) for blocks in found) * PREFIX_BLOCK + 1)
-        cached = []
         for b, (r, blocks) in enumerate(zip(requests, found)):
-            for i, (k, v) in enumerate(blocks):
-                cache.k[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = k
-                cache.v[:, b, :, i * PREFIX_BLOCK:(i + 1) * PREFIX_BLOCK] = v
-            r.cached_tokens = len(blocks) * PREFIX_BLOCK
-            cached.append(r.cached_tokens)
+            r.cached_tokens = copy_blocks(blocks, cache, b)
+        cached = [r.cached_tokens for r in requests]
         cache.lengths[:] = torch.tensor(cached, dtype=torch.long)
-        return Prefill(self.verifier, Batch(requests, cache), self.model.prefill_chunk, cached)
+        return Prefill(self.verifier, Batch(requests, cache), self.engine.prefill_chunk, cached)
 
     def _finish_prefill(self, prefill: Prefill) -> Batch:
         """Hand the prefilled prompts to the drafter and the prefix cache."""
@@ -270,7 +251,7 @@ class Scheduler:
 
     @property
     def _prefix_cache_usable(self) -> bool:
-        return self.model.prefix_cache.enabled and not (self.speculative and self.drafter.prompt_features)
+        return self.engine.prefix_cache.enabled and not (self.speculative and self.drafter.method.prompt_features)
 
     def _store_prefixes(self, batch: Batch, rows) -> None:
         """Offer these rows' committed KV (prompt and generated tokens) to the prefix cache."""
@@ -278,7 +259,7 @@ class Scheduler:
             for b in rows:
                 n = int(batch.cache.lengths[b])
                 seq = batch.seqs[b]
-                self.model.prefix_cache.store(seq.tokens[:n], batch.cache.k[:, b, :, :n], batch.cache.v[:, b, :, :n],
+                self.engine.prefix_cache.store(seq.tokens[:n], batch.cache.k[:, b, :, :n], batch.cache.v[:, b, :, :n],
                                               seq.cache_domain)
 
     # -- joining and leaving ----------------------------------------------------------------
@@ -316,7 +297,7 @@ class Scheduler:
             room = self.max_batch - (len(self.batch.seqs) if self.batch else 0)
             requests = []
             while self.waiting and len(requests) < room:
-                long = len(self.waiting[0].prompt) > self.model.prefill_chunk
+                long = len(self.waiting[0].prompt) > self.engine.prefill_chunk
                 if long and requests:
                     break
                 requests.append(self.waiting.popleft())
@@ -346,7 +327,7 @@ class Scheduler:
         for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
             taken, eos = [], False
             for t in toks:
-                if t in self.model.eos_ids:
+                if t in self.engine.eos_ids:
                     seq.finish_reason, eos = "stop", True
                     break
                 taken.append(t)

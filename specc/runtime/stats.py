@@ -3,10 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-LOOKUP = "lookup"  # Proposal.source of a prompt-lookup round in front of a draft model (draft.lookup)
-SUFFIX = "suffix-first"  # Proposal.source of a suffix round in front of a draft model (draft.suffix)
-FRONT = (LOOKUP, SUFFIX)  # rounds a drafter with no graph takes in front of a draft model
-
 
 @dataclass
 class RowStats:
@@ -16,18 +12,17 @@ class RowStats:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0  # rounds that ended at a rejected draft (n_acc < n_draft)
-    front_rounds: int = 0  # rounds drafted in front of a draft model (FRONT sources) ...
+    front_rounds: int = 0  # rounds drafted by the drafter in front of a model (drafters/front.py) ...
     front_drafted: int = 0  # ... and their drafted and accepted tokens, and those that ended at a rejection
     front_accepted: int = 0
     front_rejected: int = 0
     accepted_at: list[int] = field(default_factory=list)  # acceptances per draft position
     drafted_at: list[int] = field(default_factory=list)
-    front_accepted_at: list[int] = field(default_factory=list)  # ... of the FRONT rounds
+    front_accepted_at: list[int] = field(default_factory=list)  # ... of the front's rounds
 
-    def record(self, n_draft: int, n_acc: int, source: str = "") -> None:
-        """One round of this row: n_draft tokens proposed (by `source`, see Proposal), n_acc accepted."""
+    def record(self, n_draft: int, n_acc: int, front: bool = False) -> None:
+        """One round of this row: n_draft tokens proposed (by the front drafter, `front`), n_acc accepted."""
         self.rounds += 1
-        front = source in FRONT
         if front:
             self.front_rounds += 1
             self.front_drafted += n_draft

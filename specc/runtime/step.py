@@ -16,18 +16,7 @@ def pad_right(rows: list[list[int]], device, pad: int = 0) -> tuple[torch.Tensor
     return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
 
 
-DEFAULT_CHUNK = 256  # prompt tokens per prefill pass (SpecModel.prefill_chunk): linear prefill, bounded masks
-# Beside decoding rows a prompt takes about INTERLEAVE_SHARE of their time (Scheduler.step paces its chunks),
-# so their mean time between tokens stays within 1 + INTERLEAVE_SHARE rounds, inside the 3x of idle a chat
-# user barely notices. Each chunk is sized to cost about INTERLEAVE_ROUNDS rounds (Scheduler._interleave_size):
-# a larger chunk pays a pass's fixed cost (the weights, attention over the cache so far) less often, so the
-# long prompt moves faster at the same share, and a decoding row's longest gap stays near 1 + INTERLEAVE_ROUNDS
-# rounds. Sizes start from INTERLEAVE_START tokens and stay between INTERLEAVE_MIN and INTERLEAVE_CHUNK.
-INTERLEAVE_CHUNK = DEFAULT_CHUNK
-INTERLEAVE_START = 32
-INTERLEAVE_MIN = 4
-INTERLEAVE_SHARE = 1.5
-INTERLEAVE_ROUNDS = 4.0
+DEFAULT_CHUNK = 256  # prompt tokens per prefill pass (Engine.prefill_chunk): linear prefill, bounded masks
 
 TOKEN_AXIS = {"new_k": 3, "new_v": 3, "features": 1}  # outputs with one entry per new token
 LOGIT_AXIS = {"logits": 1, "exit_logits": 1}  # outputs with one entry per logit_index row (the LM head's pass)

@@ -11,7 +11,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..runtime.adaptive import RoundRecord
+from ..runtime.record import RoundRecord
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 RATE_WINDOW_S = 10.0
@@ -82,7 +82,7 @@ class Metrics:
         self.running.set(len(record.rows))
         self.waiting.set(waiting)
         self.k.observe(record.k)
-        for d, n in zip(record.n_draft, record.n_accepted):
+        for d, n in zip(record.drafted, record.accepted):
             if d:
                 self.drafts.inc()
                 self.draft_tokens.inc(d)

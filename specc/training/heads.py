@@ -146,22 +146,10 @@ def check_train_config(cfg: TrainConfig, data_cfgs: list[DataConfig], output: Pa
                          "to start over")
 
 
-def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
-               cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
-    """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
-    card) and returns (head, card)."""
-    check_train_config(cfg, data_cfgs, output)
-    torch.manual_seed(cfg.seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    t0 = time.perf_counter()
-    layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
-    resumed_vocab = saved_draft_vocab(output)
-    if resumed_vocab is not None:
-        size = None if resumed_vocab[0] is None else len(resumed_vocab[0])
-        if size != cfg.draft_vocab and not (size is None and (cfg.draft_vocab or 0) >= model.config.vocab_size):
-            raise SpeccError(f"--draft-vocab {cfg.draft_vocab or 0}: the head resumed from {output / resumed_vocab[1]} has a "
-                             f"draft vocabulary of {size or 'all'} tokens; pass that, or remove {output} to start over")
+def _training_data(model, tokenizer, model_name: str, data_cfgs: list[DataConfig], cache: Path,
+                   layers) -> tuple[dict, list[dict], torch.Tensor, torch.Tensor]:
+    """The data sets' sequences together, what each set was, and the held-out and training sequence indices
+    (every tenth sequence of each set is held out)."""
     parts, infos = [], []
     for i, d in enumerate(data_cfgs, 1):
         label = f"set {i}/{len(data_cfgs)}: " if len(data_cfgs) > 1 else ""
@@ -169,29 +157,19 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         parts.append(part)
         infos.append({**asdict(d), **info, "sequences": part["tokens"].shape[0]})
     data = concat_data(parts)
-    data_seconds = time.perf_counter() - t0
     n = data["tokens"].shape[0]
     if n < 4:
         raise SpeccError(f"only {n} training sequences; raise --num-prompts")
     in_set = torch.cat([torch.arange(p["tokens"].shape[0]) for p in parts])
-    held = torch.arange(n)[in_set % 10 == 9]  # every tenth sequence of each set is held out
-    train = torch.arange(n)[in_set % 10 != 9]
-    vocab_size = model.config.vocab_size
-    if resumed_vocab is not None:  # the checkpoint's weights are rows of this vocabulary
-        draft_vocab = resumed_vocab[0]
-    else:
-        draft_vocab = draft_vocabulary({k: data[k][train] for k in ("top_idx", "valid", "tokens")}, cfg.draft_vocab, vocab_size)
-    to_draft = None
-    if draft_vocab is not None:
-        to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
-        to_draft[draft_vocab] = torch.arange(len(draft_vocab))
-    head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab, feature_layers=layers)
-    if cfg.init == "target":
-        start_from_target(head, model)  # a resumed checkpoint's weights replace these below
+    return data, infos, torch.arange(n)[in_set % 10 == 9], torch.arange(n)[in_set % 10 != 9]
+
+
+def _optimise(head, model, data: dict, train: torch.Tensor, held: torch.Tensor, to_draft, cfg: TrainConfig,
+              output: Path, progress: bool) -> tuple[int, list[float], list[float], float]:
+    """Train the head's own parameters up to cfg.steps, resuming output's checkpoint and writing new ones; returns
+    the step it resumed from, the held-out acceptance before, the losses and the training seconds."""
     params = [p for p in head.parameters() if p.requires_grad and p.data_ptr() not in
               {q.data_ptr() for q in model.parameters()}]
-    if cfg.lr is None:
-        cfg = replace(cfg, lr=default_lr(model.config.hidden_size))
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     output.mkdir(parents=True, exist_ok=True)
     ckpt = output / "checkpoint.safetensors"
@@ -229,13 +207,51 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}",
                         held_out_accept=",".join(f"{a:.2f}" for a in estimate[:4]))
     head.eval()
+    return start, before, losses, time.perf_counter() - t1
+
+
+def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: list[DataConfig], output: Path,
+               cache: Path, progress: bool = True) -> tuple[torch.nn.Module, dict]:
+    """Train (or resume) a head on the data sets `data_cfgs` together; writes output/ (config, weights,
+    card) and returns (head, card)."""
+    check_train_config(cfg, data_cfgs, output)
+    torch.manual_seed(cfg.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    t0 = time.perf_counter()
+    layers = default_feature_layers(model.config.num_hidden_layers) if cfg.kind == "eagle3" else None
+    resumed_vocab = saved_draft_vocab(output)
+    if resumed_vocab is not None:
+        size = None if resumed_vocab[0] is None else len(resumed_vocab[0])
+        if size != cfg.draft_vocab and not (size is None and (cfg.draft_vocab or 0) >= model.config.vocab_size):
+            raise SpeccError(f"--draft-vocab {cfg.draft_vocab or 0}: the head resumed from {output / resumed_vocab[1]} has a "
+                             f"draft vocabulary of {size or 'all'} tokens; pass that, or remove {output} to start over")
+    data, infos, held, train = _training_data(model, tokenizer, model_name, data_cfgs, cache, layers)
+    data_seconds = time.perf_counter() - t0
+    n = data["tokens"].shape[0]
+    vocab_size = model.config.vocab_size
+    if resumed_vocab is not None:  # the checkpoint's weights are rows of this vocabulary
+        draft_vocab = resumed_vocab[0]
+    else:
+        draft_vocab = draft_vocabulary({k: data[k][train] for k in ("top_idx", "valid", "tokens")}, cfg.draft_vocab, vocab_size)
+    to_draft = None
+    if draft_vocab is not None:
+        to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
+        to_draft[draft_vocab] = torch.arange(len(draft_vocab))
+    head = build_head(cfg.kind, model, n_heads=cfg.heads, draft_vocab=draft_vocab, feature_layers=layers)
+    if cfg.init == "target":
+        start_from_target(head, model)  # a resumed checkpoint's weights replace these below
+    if cfg.lr is None:
+        cfg = replace(cfg, lr=default_lr(model.config.hidden_size))
+    start, before, losses, train_seconds = _optimise(head, model, data, train, held, to_draft, cfg, output, progress)
+    head.eval()
     after = acceptance(head, data, held, cfg.eval_depth)
     in_rounds, n_rounds = round_acceptance(head, data, held, ROUND_K)
     coverage = None
     if to_draft is not None:
         am = data["top_idx"][held][..., 0].long()[data["valid"][held]]
         coverage = (to_draft[am] >= 0).float().mean().item()
-    card = {
+    card = {  # the head's card: how it was trained and what it reaches on the held-out sequences
         "kind": cfg.kind, "target": model_name, "train": asdict(cfg),
         "data": {**(infos[0] if len(infos) == 1 else {"sets": infos}), "reused": all(i["reused"] for i in infos),
                  "sequences": n, "train_sequences": len(train), "held_out_sequences": len(held),
@@ -244,7 +260,7 @@ def train_head(model, tokenizer, model_name: str, cfg: TrainConfig, data_cfgs: l
                             "(templated; sets with chat 'self': user messages the target wrote itself)",
                  "seconds": round(data_seconds, 1)},
         "draft_vocab_from": None if resumed_vocab is None else str(output / resumed_vocab[1]),
-        "steps": cfg.steps, "resumed_from_step": start, "train_seconds": round(time.perf_counter() - t1, 1),
+        "steps": cfg.steps, "resumed_from_step": start, "train_seconds": round(train_seconds, 1),
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])) if losses else None,
         "draft_vocab_size": None if draft_vocab is None else len(draft_vocab),
         "draft_vocab_coverage_of_target_argmax": coverage,

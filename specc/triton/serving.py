@@ -20,7 +20,7 @@ import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
 from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, by_layer
-from ..runtime.engines import open_runner
+from ..runtime.graphs import open_runner
 from ..runtime.model import SpecModel, load
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR

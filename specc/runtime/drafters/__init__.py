@@ -6,8 +6,10 @@ import importlib
 
 from ...errors import BundleError
 from ...methods import METHODS, DraftMethod
-from .base import DraftContext, DraftInfo, DraftPlan, Drafter, GraphDrafter, Priced, Proposal, with_method
-from .lookup import LookupFirstDrafter, PromptLookupDrafter
+from ..record import DraftPlan
+from .base import DraftContext, Drafter, GraphDrafter, Proposal, with_method
+from .front import FrontDrafter
+from .lookup import PromptLookupDrafter
 
 
 def drafter_class(method: DraftMethod) -> type[Drafter]:
@@ -27,14 +29,11 @@ def build_drafter(method: str, ctx: DraftContext) -> Drafter | None:
     if row.drafter is None:
         return None
     drafter = with_method(drafter_class(row).build(ctx), method)
-    if ctx.settings.get("lookup"):
-        drafter = LookupFirstDrafter(with_method(PromptLookupDrafter.build(ctx), "prompt_lookup"), drafter)
-    elif ctx.settings.get("suffix"):
-        from .suffix import SuffixDrafter, SuffixFirstDrafter
-
-        drafter = SuffixFirstDrafter(with_method(SuffixDrafter.build(ctx), "suffix"), drafter)
+    front = "prompt_lookup" if ctx.settings.get("lookup") else "suffix" if ctx.settings.get("suffix") else None
+    if front is not None:
+        drafter = FrontDrafter(with_method(drafter_class(METHODS[front]).build(ctx), front), drafter)
     return drafter
 
 
-__all__ = ["DraftContext", "DraftInfo", "DraftPlan", "Drafter", "GraphDrafter", "LookupFirstDrafter", "Priced",
-           "PromptLookupDrafter", "Proposal", "build_drafter", "drafter_class"]
+__all__ = ["DraftContext", "DraftPlan", "Drafter", "FrontDrafter", "GraphDrafter", "PromptLookupDrafter", "Proposal",
+           "build_drafter", "drafter_class"]

@@ -44,8 +44,6 @@ class LastFeatures:
 class MedusaDrafter(GraphDrafter):
     """Medusa heads: one call of the head graph per round drafts every position (chain or tree)."""
 
-    kind = "medusa"
-
     def heads(self, batch: Batch) -> torch.Tensor:
         """[B, N, V] logits of every head at each row's last committed token."""
         (logits,) = self.step.runner(batch.draft_state.last[:, None].contiguous())
@@ -71,7 +69,7 @@ class MedusaDrafter(GraphDrafter):
             probs.append(q)
         q = None if params.all_greedy else torch.stack(probs, 1)
         tokens = torch.stack(tokens, 1)
-        return Proposal(tokens, q, torch.full((tokens.shape[0],), k, dtype=torch.long, device=tokens.device), self.kind)
+        return Proposal(tokens, q, torch.full((tokens.shape[0],), k, dtype=torch.long, device=tokens.device))
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """Level l's candidates come from head l at every node of that level (top tokens, or i.i.d. draws)."""
@@ -102,9 +100,6 @@ class EagleCache(KVCache):
 class EagleDrafter(GraphDrafter):
     """The EAGLE draft layer: chains drafted autoregressively, or EAGLE-2 style trees grown by draft
     confidence within the node budget (dynamic) or along static paths."""
-
-    kind = "eagle"
-    prompt_features = True  # its cache holds an entry per prompt token, built from the target's features
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         cache = EagleCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
@@ -156,7 +151,7 @@ class EagleDrafter(GraphDrafter):
             cache.commit(new_k, new_v, torch.ones_like(kept))
             return logits[:, 0]
 
-        proposal = draft_chain(batch, params, plan, logits[:, 0], step, self.kind)
+        proposal = draft_chain(batch, params, plan, logits[:, 0], step)
         cache.lengths = kept  # speculative entries carry draft features: never kept
         return proposal
 

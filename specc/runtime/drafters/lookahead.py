@@ -143,7 +143,6 @@ class LookaheadRow:
 class LookaheadDrafter(Drafter):
     """Drafts lookahead decoding's two branches as one token tree per row (recipe draft.method lookahead)."""
 
-    kind = "lookahead"
 
     def __init__(self, window: int, ngram: int, verify_ngrams: int):
         self.window, self.ngram, self.verify_ngrams = window, ngram, verify_ngrams

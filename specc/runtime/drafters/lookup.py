@@ -1,4 +1,4 @@
-"""Drafting by prompt lookup: n-grams of the row's own context, alone or in front of a draft model."""
+"""Drafting by prompt lookup: n-grams of the row's own context, alone or in front of a model (drafters/front.py)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,8 +7,8 @@ import torch
 
 from ...speculation.sampling import RowParams
 from ..state import Batch
-from ..stats import LOOKUP
-from .base import DraftContext, DraftPlan, Drafter, GraphDrafter, Proposal, one_hot_proposal
+from ..record import DraftPlan
+from .base import DraftContext, Drafter, Proposal, one_hot_proposal
 
 
 class PromptLookupDrafter(Drafter):
@@ -20,12 +20,8 @@ class PromptLookupDrafter(Drafter):
     with probability p(d) and correct from p without d: still exactly the target's distribution.
     """
 
-    kind = "prompt_lookup"
-    cost = "lookup"
-
     def __init__(self, max_ngram: int, min_ngram: int, vocab_size: int):
         self.max_ngram, self.min_ngram, self.vocab_size = max_ngram, min_ngram, vocab_size
-        self.source = self.kind  # Proposal.source of its rounds (LOOKUP in front of a draft model)
 
     @classmethod
     def build(cls, ctx: DraftContext) -> "PromptLookupDrafter":
@@ -55,6 +51,10 @@ class PromptLookupDrafter(Drafter):
     def finds(self, batch: Batch) -> list[int]:
         return [self.match(s.tokens, 1)[0] for s in batch.seqs]
 
+    def covers(self, batch: Batch) -> bool:
+        """Every row finds a continuation: in front of a model, lookup drafts the round."""
+        return all(self.finds(batch))
+
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         return self.drafts([self.match(s.tokens, plan.k) for s in batch.seqs], params, batch.cache.lengths.device)
 
@@ -62,58 +62,8 @@ class PromptLookupDrafter(Drafter):
         """The proposal of each row's lookup (n, tokens): tokens [B, width], one-hot q (sampled rows), lengths,
         the matched n as each row's class."""
         return one_hot_proposal([f for _, f in matches], [n if f else 0 for n, f in matches], params, self.vocab_size,
-                                device, self.source)
+                                device)
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         tokens = batch.seqs[0].tokens
         return lambda: self.match(tokens, k)
-
-
-class LookupFirstDrafter(Drafter):
-    """Prompt lookup first, the draft model (or EAGLE head) where lookup finds nothing (recipe: draft.lookup).
-
-    A round whose every row finds an n-gram continuation drafts from the context alone and
-    skips the model; otherwise the model drafts for the whole batch. The choice depends only
-    on the context, never on this round's noise, and each round's q is the distribution its
-    drafts were drawn from, so acceptance stays exact. The model's cache catches up on the
-    tokens of lookup rounds in its next round (ModelDrafter feeds whatever its cache lacks; an
-    EAGLE head enters the features every verify pass hands it, lookup rounds' included).
-    """
-
-    def __init__(self, lookup: PromptLookupDrafter, model: GraphDrafter):
-        self.lookup, self.model = lookup, model
-        self.kind, self.method, self.lazy_prefill = model.kind, model.method, model.lazy_prefill
-        lookup.source = LOOKUP  # its rounds, as an arm too, count as lookup rounds in the statistics
-
-    @property
-    def arms(self) -> dict[str, Drafter]:
-        """"model": the model alone, also for rows lookup finds a continuation for; "lookup" (LOOKUP,
-        also the source of this drafter's lookup rounds): lookup alone (rows it misses get no drafts;
-        no model call, so no draft prefill either). An adaptive policy picks per round, with lookup's
-        match length in hand, since a short match is accepted far less often than a long one."""
-        return {"model": self.model, LOOKUP: self.lookup}
-
-    @property
-    def prompt_features(self) -> bool:
-        return self.model.prompt_features
-
-    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
-        self.model.prefill(batch, ids, lengths, verdict)
-
-    def behind(self, batch: Batch) -> list[int]:
-        """What a round that needs the model enters first; nothing where lookup drafts every row."""
-        if all(self.lookup.finds(batch)):
-            return [0] * len(batch.seqs)
-        return self.model.behind(batch)
-
-    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
-        found = [self.lookup.match(s.tokens, plan.k) for s in batch.seqs]
-        if all(n for n, _ in found):
-            return self.lookup.drafts(found, params, batch.cache.lengths.device)
-        return self.model.propose(batch, params, plan)
-
-    def after_verify(self, batch: Batch, verdict) -> None:
-        self.model.after_verify(batch, verdict)
-
-    def finished(self, seq) -> None:
-        self.model.finished(seq)

@@ -8,12 +8,13 @@ import torch
 from ...speculation.sampling import RowParams, choose
 from ...speculation.tree import DraftTree, TreeShape, expand_level
 from ..state import Batch
-from .base import DraftInfo, DraftPlan, Proposal, Stops
+from ..record import DraftPlan, RoundRecord
+from .base import Proposal, Stops
 
 
 def draft_chain(batch: Batch, params: RowParams, plan: DraftPlan, logits: torch.Tensor,
-                step: Callable[[torch.Tensor], torch.Tensor], source: str, drafting: torch.Tensor | None = None,
-                info: DraftInfo | None = None) -> Proposal:
+                step: Callable[[torch.Tensor], torch.Tensor], drafting: torch.Tensor | None = None,
+                record: RoundRecord | None = None) -> Proposal:
     """Draw up to plan.k tokens per row: from logits [B, V], then from step(tokens [B]) -> the next logits
     [B, V], until k drafts or every row has stopped (`Stops`). drafting [B]: rows that draft (default all)."""
     noise = batch.noise(plan.k)
@@ -29,10 +30,10 @@ def draft_chain(batch: Batch, params: RowParams, plan: DraftPlan, logits: torch.
         if not stops.update(i, logits, tok) or i + 1 == plan.k:
             break
         logits = step(tok)
-    info = info or DraftInfo()
-    info.stop_below = plan.stop_below
+    record = record or RoundRecord()
+    record.stop_below = plan.stop_below
     q = None if params.all_greedy else torch.stack(probs, 1)
-    return Proposal(torch.stack(tokens, 1), q, stops.n_draft, source, info)
+    return Proposal(torch.stack(tokens, 1), q, stops.n_draft, record)
 
 
 def grow_tree(batch: Batch, shape: TreeShape, params: RowParams, logits: torch.Tensor,

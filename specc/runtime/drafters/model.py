@@ -12,7 +12,8 @@ from ...speculation.tree import DraftTree, TreeShape, tree_tensors
 from ..kv_cache import KVCache, LayerView
 from ..state import Batch
 from ..step import pad_right
-from .base import DraftInfo, DraftPlan, GraphDrafter, Proposal
+from ..record import DraftPlan, RoundRecord
+from .base import GraphDrafter, Proposal
 from .loops import draft_chain, grow_tree
 
 
@@ -21,11 +22,11 @@ DRAFT_WINDOW = 2048  # a row's draft cache takes in at most its last this many p
 # ... and at most WINDOW_PER_NEW_TOKEN per token the row may still generate, but never fewer than DRAFT_WINDOW_MIN
 WINDOW_PER_NEW_TOKEN = 4
 DRAFT_WINDOW_MIN = 256
-SKIPPED = "model:skipped"  # Request.draft_memo: the row's leading tokens its draft cache never took in
+WINDOW_START = "model:window_start"  # Request.draft_memo: the row's leading tokens its draft cache never took in
 
 
-def _skipped(seq) -> int:
-    return seq.draft_memo.get(SKIPPED, 0)
+def _window_start(seq) -> int:
+    return seq.draft_memo.get(WINDOW_START, 0)
 
 
 def _window(seq) -> int:
@@ -48,9 +49,6 @@ class ModelDrafter(GraphDrafter):
     in proportion to what it can save, instead of a second one nearly as long.
     """
 
-    kind = "model"
-    lazy_prefill = True
-
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         batch.draft_state = KVCache(self.step.dims, len(batch.seqs), self.max_context, lengths.device)
 
@@ -62,34 +60,30 @@ class ModelDrafter(GraphDrafter):
         """Tokens `catch_up` would enter per row: all but the pending one for cold rows (nothing entered
         yet) and rows more than CATCH_UP behind; 0 for the rest (their few tokens ride in the first draft step)."""
         cache = self.cache(batch)
-        if not isinstance(cache, KVCache):
-            return [0] * len(batch.seqs)
         out = []
         for s, n in zip(batch.seqs, cache.lengths.tolist()):
             if n == 0:
                 out.append(min(len(s.tokens) - 1, _window(s)))
             else:
-                lag = len(s.tokens) - 1 - _skipped(s) - n
+                lag = len(s.tokens) - 1 - _window_start(s) - n
                 out.append(lag if lag + 1 > CATCH_UP else 0)
         return out
 
-    def catch_up(self, batch: Batch, warm: bool = True) -> tuple[list[int], int]:
+    def catch_up(self, batch: Batch, take_in: bool = True) -> tuple[list[int], int]:
         """Enter the tokens of rows far behind (all but the pending one) in a call over those rows only;
-        cold rows (nothing entered yet) only when `warm`. Returns the rows still cold and the tokens entered."""
+        cold rows (nothing entered yet) only when `take_in`. Returns the rows still cold and the tokens entered."""
         cache = self.cache(batch)
-        if not isinstance(cache, KVCache):
-            return [], 0
         lengths = cache.lengths.tolist()
-        cold = [b for b, n in enumerate(lengths) if n == 0 and not warm]
+        cold = [b for b, n in enumerate(lengths) if n == 0 and not take_in]
         lag = self.behind(batch)
-        rows = [b for b, d in enumerate(lag) if d and (warm or lengths[b] > 0)]
+        rows = [b for b, d in enumerate(lag) if d and (take_in or lengths[b] > 0)]
         if rows:
             for b in rows:
                 if lengths[b] == 0:
                     s = batch.seqs[b]
-                    s.draft_memo[SKIPPED] = max(0, len(s.tokens) - 1 - _window(s))
+                    s.draft_memo[WINDOW_START] = max(0, len(s.tokens) - 1 - _window(s))
             sub = cache.take(rows)
-            todo = [batch.seqs[b].tokens[_skipped(batch.seqs[b]) + lengths[b]:-1] for b in rows]
+            todo = [batch.seqs[b].tokens[_window_start(batch.seqs[b]) + lengths[b]:-1] for b in rows]
             width = max(len(t) for t in todo)
             sub.ensure(int(sub.lengths.max()) + width)
             for lo in range(0, width, self.prefill_chunk):  # a long prompt in chunks, like the target's prefill
@@ -103,21 +97,21 @@ class ModelDrafter(GraphDrafter):
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
         if batch.draft_state is not None:
-            skipped = torch.tensor([_skipped(s) for s in batch.seqs], device=batch.cache.lengths.device)
-            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths - skipped)
+            start = torch.tensor([_window_start(s) for s in batch.seqs], device=batch.cache.lengths.device)
+            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths - start)
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         start = time.perf_counter()
-        cold, entered = self.catch_up(batch, plan.warm)
-        info = DraftInfo(cold, time.perf_counter() - start, entered)
+        cold, entered = self.catch_up(batch, plan.take_in)
+        record = RoundRecord(skipped=cold, catch_up_seconds=time.perf_counter() - start, catch_up_tokens=entered)
         if len(cold) == len(batch.seqs):  # nothing to draft from: an empty proposal, a plain round
-            return Proposal.empty(batch, params, self.step.dims.vocab_size, self.kind, info)
+            return Proposal.empty(batch, params, self.step.dims.vocab_size, record)
         # Feed what the draft cache lacks: the pending token, and after a fully accepted round also
         # the last draft token (its KV was never computed). Cold rows run along on their pending
         # token, commit nothing and propose nothing.
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[_skipped(s) + n:]
+        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[_window_start(s) + n:]
                                   for b, (s, n) in enumerate(zip(batch.seqs, lengths))], cache.lengths.device)
         drafting = torch.ones_like(n_feed)
         drafting[cold] = 0
@@ -130,7 +124,7 @@ class ModelDrafter(GraphDrafter):
             cache.commit(new_k, new_v, drafting)
             return logits[:, 0]
 
-        return draft_chain(batch, params, plan, logits[:, 0], step, self.kind, drafting, info)
+        return draft_chain(batch, params, plan, logits[:, 0], step, drafting, record)
 
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
         """The first call feeds what the draft cache lacks (ending with the root) and commits it; each
@@ -139,7 +133,7 @@ class ModelDrafter(GraphDrafter):
         self.catch_up(batch)
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[_skipped(s) + n:] for s, n in zip(batch.seqs, lengths)],
+        feed, n_feed = pad_right([s.tokens[_window_start(s) + n:] for s, n in zip(batch.seqs, lengths)],
                                  cache.lengths.device)
         cache.ensure(max(lengths) + feed.shape[1] + shape.size)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])
@@ -167,12 +161,15 @@ class SharedCacheDrafter(ModelDrafter):
     target cache at the target's committed length, and feeds only the pending token.
     """
 
-    kind = "early_exit"
-    lazy_prefill = False
-
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
         pass
 
     def cache(self, batch: Batch) -> LayerView:
         return LayerView(batch.cache, self.step.dims.n_layers)
+
+    def behind(self, batch: Batch) -> list[int]:
+        return [0] * len(batch.seqs)
+
+    def catch_up(self, batch: Batch, take_in: bool = True) -> tuple[list[int], int]:
+        return [], 0
 

@@ -31,20 +31,20 @@ import torch
 from ...speculation.sampling import RowParams
 from ...speculation.tree import DraftTree, TreeShape
 from ..state import Batch, Request
-from ..stats import SUFFIX
-from .base import DraftContext, DraftPlan, Drafter, Proposal, one_hot_proposal
+from ..record import DraftPlan
+from .base import DraftContext, Drafter, Proposal, one_hot_proposal
 from .suffix_index import (MAX_DEPTH, MIN_FRONT_MATCH, MIN_PROB, SOURCE, GlobalSuffixCache, Match, RowSuffix, SuffixIndex,
                            match_length)
 
 class SuffixDrafter(Drafter):
     """Drafts from the request's own suffix index and the model's global cache (recipe draft.method suffix)."""
 
-    kind = "suffix"
-    cost = "lookup"
-
     def __init__(self, cache: GlobalSuffixCache, vocab_size: int):
         self.cache, self.vocab_size = cache, vocab_size
-        self.source = SOURCE
+
+    @property
+    def suffix_cache(self) -> GlobalSuffixCache:
+        return self.cache
 
     @classmethod
     def build(cls, ctx: DraftContext) -> "SuffixDrafter":
@@ -91,9 +91,9 @@ class SuffixDrafter(Drafter):
         """Per row the n-gram order matched where the match drafts at least one token, else 0."""
         return [m.order if m.order and best_path(m.continuations, 1) else 0 for m in map(self.match, batch.seqs)]
 
-    def sure(self, batch: Batch) -> bool:
-        """Every row has a match of at least MIN_FRONT_MATCH tokens that drafts: the suffix drafter takes
-        the round in front of a model."""
+    def covers(self, batch: Batch) -> bool:
+        """Every row has a match of at least MIN_FRONT_MATCH tokens that drafts: in front of a model, the
+        suffix drafter drafts the round."""
         return all(m.length >= MIN_FRONT_MATCH and best_path(m.continuations, 1) for m in map(self.match, batch.seqs))
 
     # -- chains --------------------------------------------------------------------------------
@@ -102,7 +102,7 @@ class SuffixDrafter(Drafter):
         drafts = [best_path(m.continuations, m.budget(plan.k)) if m.order else [] for m in matches]
         self.cache.note(matches, [len(d) for d in drafts])
         return one_hot_proposal(drafts, [m.order if d else 0 for m, d in zip(matches, drafts)], params,
-                                self.vocab_size, batch.cache.lengths.device, self.source)
+                                self.vocab_size, batch.cache.lengths.device)
 
     # -- trees ---------------------------------------------------------------------------------
     def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
@@ -205,59 +205,4 @@ def path_tree(root: int, path: list[tuple[int, float]], vocab: int, device) -> D
     return tree
 
 
-class SuffixFirstDrafter(Drafter):
-    """The suffix drafter first, another drafter (a draft model, early exit, EAGLE) where it finds nothing
-    (recipe draft.suffix: true), as prompt lookup in front of one (`LookupFirstDrafter`).
-
-    A round in which every row finds a continuation from a match of at least MIN_FRONT_MATCH tokens is
-    drafted from the suffix indexes alone; otherwise the other drafter drafts for the whole batch. The choice depends
-    only on the contexts and the indexes, never on this round's noise, and each round's q is what its drafts were
-    drawn from: exact."""
-
-    def __init__(self, suffix: SuffixDrafter, model: Drafter):
-        self.suffix, self.model = suffix, model
-        self.kind, self.method, self.lazy_prefill = model.kind, model.method, model.lazy_prefill
-        self.cache = suffix.cache
-        suffix.source = SUFFIX  # its rounds, as an arm too, count as rounds in front of the model in the statistics
-
-    @property
-    def arms(self) -> dict[str, Drafter]:
-        """"model": the other drafter for every row; "suffix": the suffix drafter alone (rows it misses get
-        no drafts, no model call)."""
-        return {"model": self.model, SOURCE: self.suffix}
-
-    def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
-        self.model.prefill(batch, ids, lengths, verdict)
-
-    def behind(self, batch: Batch) -> list[int]:
-        if self.suffix.sure(batch):
-            return [0] * len(batch.seqs)
-        return self.model.behind(batch)
-
-    def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
-        if self.suffix.sure(batch):
-            return self.suffix.propose(batch, params, plan)
-        return self.model.propose(batch, params, plan)
-
-    def propose_tree(self, batch: Batch, shape: TreeShape, params: RowParams) -> list[DraftTree]:
-        if self.suffix.sure(batch):
-            return self.suffix.propose_tree(batch, shape, params)
-        return self.model.propose_tree(batch, shape, params)
-
-    def after_verify(self, batch: Batch, verdict) -> None:
-        self.model.after_verify(batch, verdict)
-
-    def finished(self, seq: Request) -> None:
-        self.suffix.finished(seq)
-        self.model.finished(seq)
-
-    def close(self) -> None:
-        self.model.close()
-
-
-def suffix_cache_of(drafter: Drafter | None) -> GlobalSuffixCache | None:
-    """The global suffix cache a model's drafter drafts from, if it has one."""
-    return getattr(drafter, "cache", None) if isinstance(drafter, (SuffixDrafter, SuffixFirstDrafter)) else None
-
-
-__all__ = ["GlobalSuffixCache", "SuffixDrafter", "SuffixFirstDrafter", "SuffixIndex", "suffix_cache_of"]
+__all__ = ["GlobalSuffixCache", "SuffixDrafter", "SuffixIndex"]

@@ -17,7 +17,7 @@ MAX_OCCURRENCES = 16  # most recent occurrences counted per lookup and index
 MIN_PROB = 0.1  # a draft token's estimated probability (count share along its path) must reach this
 SPEC_FACTOR, SPEC_OFFSET = 1.0, 1.0  # drafts per round <= factor * match length + offset
 MAX_DEPTH = 64  # longest continuation read from one occurrence
-SOURCE = "suffix"  # Proposal.source of suffix rounds
+SOURCE = "suffix"  # its Request.draft_memo key
 # in front of a model, a row counts as found from a match this long: a one-token match drafts what the
 # context happened to hold after that token, which a model drafts better
 MIN_FRONT_MATCH = 2

@@ -1,4 +1,4 @@
-"""Engine loading: a bundle's graphs opened with its backend and wrapped as step runners, and its tokenizer."""
+"""A bundle's graphs opened with its backend and wrapped as step runners, and its tokenizer."""
 from __future__ import annotations
 
 from typing import Callable

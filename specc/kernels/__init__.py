@@ -168,6 +168,7 @@ def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache
 
 
 __all__ = [
-    "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "cache_attention", "KernelsUnavailable", "PackedInt4", "active_isa", "available", "best_isa",
-    "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with", "supported_isas"
+    "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available",
+    "best_isa", "cache_attention", "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with",
+    "supported_isas"
 ]

@@ -10,6 +10,7 @@ hold is refused before it is tokenised; stop strings are capped in count and len
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import secrets
 import time
@@ -27,6 +28,7 @@ from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
+from .grammar_worker import attach as attach_grammar_worker, detach as detach_grammar_worker
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools
@@ -116,9 +118,14 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        worker = attach_grammar_worker(model.grammars, log)  # schemas checked off this process's interpreter lock
+        # the model, tokenizer and grammar tables live as long as the server: kept out of the collector's full
+        # passes, which would otherwise walk all of them, holding the interpreter lock, every few hundred rounds
+        gc.freeze()
         engine.start()
         yield
         engine.close()
+        detach_grammar_worker(model.grammars, worker)
         for pool in (light, heavy):
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -43,6 +43,7 @@ def main() -> int:
                     help="tokens of each innocent stream: enough for the streams to outlast the slowest attack")
     ap.add_argument("--repeats", type=int, default=3, help="pairs (alone, beside the attack) per schema attack")
     ap.add_argument("--schemas-only", action="store_true", help="only the schema-compile attacks")
+    ap.add_argument("--only", nargs="+", choices=sorted(SCHEMA_ATTACKS), help="these schema attacks only")
     ap.add_argument("--json", type=Path, help="write the numbers here")
     args = ap.parse_args()
     body = {**NORMAL, "max_tokens": args.max_tokens}
@@ -91,6 +92,8 @@ def schema_report(server: LiveServer, args) -> dict:
           "median largest gap alone and beside it")
     out: dict = {"streams": args.streams, "stream_tokens": args.stream_tokens, "repeats": args.repeats, "attacks": {}}
     for name, schema in SCHEMA_ATTACKS.items():
+        if args.only and name not in args.only:
+            continue
         runs = []
         for i in range(args.repeats):
             idle, _, _, _ = gaps_beside(server, None, args.streams, body)

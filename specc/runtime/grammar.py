@@ -44,15 +44,20 @@ SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 SUBSCHEMAS = ("additionalProperties", "propertyNames", "items")
 
 
-def _low_priority() -> None:
-    """Run this thread at the lowest CPU priority (Linux sets nice per thread): a schema compiling beside
-    running requests takes only the CPU they leave."""
+def _low_priority(pid: int | None = None) -> None:
+    """Run this thread (or process `pid`, 0 for this one) only on CPU time nothing else wants (Linux schedules
+    threads one by one): a schema compiling beside running requests takes only the CPU they leave, even when
+    the server runs at a real-time priority, which a nice value does not lower."""
     import os
 
+    pid = threading.get_native_id() if pid is None else pid
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
-        pass
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
+        except (AttributeError, OSError):
+            pass
 
 
 class Grammars:

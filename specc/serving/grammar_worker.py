@@ -28,13 +28,14 @@ import time
 from pathlib import Path
 
 from ..runtime.grammar import (HINTS, JSON_OBJECT, MAX_GRAMMAR_BYTES, TAG_KEY, UNSATISFIABLE, CompactJsonMatcher,
-                               GrammarChecker, Grammars, _first_line, admits_output, compile_key, printable_mask,
+                               GrammarChecker, Grammars, _first_line, _low_priority, admits_output, compile_key, printable_mask,
                                too_slow)
 from ..errors import RequestError
 from .memory import trim
 
-WORKER_SECONDS = 5.0  # one job's limit: half a request's wait (COMPILE_TIMEOUT_S), the server's own compile the rest
-START_SECONDS = 120.0  # how long the worker may take to start (importing torch and xgrammar on a busy machine)
+WORKER_SECONDS = 5.0  # one job's CPU time: half a request's wait (COMPILE_TIMEOUT_S), the server's own compile the rest
+WALL_SECONDS = 120.0  # one job's (or the start's) wall time, whatever the load: past it the worker is taken as stuck
+POLL_SECONDS = 0.1
 HEADER = struct.Struct(">I")
 
 
@@ -43,12 +44,13 @@ class WorkerGone(Exception):
 
 
 class WorkerTimeout(WorkerGone):
-    """The worker did not answer in time."""
+    """The worker used up a job's time."""
 
 
 class GrammarWorker(GrammarChecker):
-    """The server's side: a worker process started on first use, one job at a time, killed and started again
-    after a job that ran past `seconds` (or that killed it)."""
+    """The server's side: one worker process, one job at a time; killed and started again after a job that
+    used more than `seconds` of CPU time (wall time would count the time a busy server left it none) or that
+    killed it. Started by `start` (in the background) or on first use."""
 
     def __init__(self, grammars: Grammars, seconds: float = WORKER_SECONDS, log=print):
         grammars.compiler()  # RequestError without xgrammar
@@ -57,6 +59,17 @@ class GrammarWorker(GrammarChecker):
                              "eos_ids": grammars.eos_ids})
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the worker in a thread of its own; a check waits for it."""
+        def run():
+            with self._lock:
+                try:
+                    self._started()
+                except WorkerGone as exc:
+                    self.log(f"specc serve: the grammar worker did not start ({exc}); it is tried again on first use")
+
+        threading.Thread(target=run, name="specc-grammar-worker-start", daemon=True).start()
 
     def check(self, key: str) -> str | None:
         what = "structural_tag" if key.startswith(TAG_KEY) else "json_schema"
@@ -82,10 +95,10 @@ class GrammarWorker(GrammarChecker):
                                       stdout=subprocess.PIPE, env=env)
         try:
             _send(self._proc, self._init)
-            _receive(self._proc, START_SECONDS)
+            _receive(self._proc, None)
         except WorkerGone as exc:
             self._stop()
-            raise WorkerGone(f"it did not start: {type(exc).__name__} {exc}") from None
+            raise WorkerGone(f"it did not start: {type(exc).__name__}: {exc}") from None
         return self._proc
 
     def _stop(self) -> None:
@@ -103,14 +116,15 @@ class GrammarWorker(GrammarChecker):
 
 
 def attach(grammars: Grammars, log=print) -> GrammarWorker | None:
-    """Check `grammars`' schemas and tags in a worker process (started on first use); None without xgrammar.
-    Builds the tokenizer's grammar tables now, which a large vocabulary takes a second for: the server does
-    it before it takes requests, not while a first structured request holds the interpreter lock."""
+    """Check `grammars`' schemas and tags in a worker process, started now in the background; None without
+    xgrammar. Builds the tokenizer's grammar tables here, which a large vocabulary takes a second for: the
+    server does it before it takes requests, not while a first structured request holds the interpreter lock."""
     try:
         worker = GrammarWorker(grammars, log=log)
     except RequestError:
         return None
     grammars.use_checker(worker)
+    worker.start()
     return worker
 
 
@@ -135,16 +149,25 @@ def _send(proc: subprocess.Popen, frame: bytes) -> None:
         raise WorkerGone(f"exited with {proc.poll()}") from exc
 
 
-def _receive(proc: subprocess.Popen, seconds: float) -> dict:
-    """The next frame from the worker within `seconds` (else WorkerTimeout)."""
-    deadline, fd = time.monotonic() + seconds, proc.stdout.fileno()
+def _receive(proc: subprocess.Popen, cpu_seconds: float | None) -> dict:
+    """The next frame from the worker: WorkerTimeout once it has used `cpu_seconds` of CPU time (None: no
+    limit) or WALL_SECONDS have passed."""
+    fd, began = proc.stdout.fileno(), time.monotonic()
+    cpu_began = _cpu_seconds(proc.pid)
+
+    def used() -> float:  # the job's CPU time, or its wall time where the CPU time cannot be read
+        now = _cpu_seconds(proc.pid) if cpu_began is not None else None
+        return now - cpu_began if now is not None else time.monotonic() - began
 
     def read(n: int) -> bytes:
         data = b""
         while len(data) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise WorkerTimeout(f"no answer in {seconds:g} s")
+            if not select.select([fd], [], [], POLL_SECONDS)[0]:
+                if time.monotonic() - began > WALL_SECONDS:
+                    raise WorkerTimeout(f"no answer in {WALL_SECONDS:g} s")
+                if cpu_seconds is not None and used() > cpu_seconds:
+                    raise WorkerTimeout(f"more than {cpu_seconds:g} s of CPU time")
+                continue
             part = os.read(fd, n - len(data))
             if not part:
                 raise WorkerGone(f"exited with {proc.wait()}")
@@ -152,6 +175,16 @@ def _receive(proc: subprocess.Popen, seconds: float) -> dict:
         return data
 
     return json.loads(read(HEADER.unpack(read(HEADER.size))[0]))
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time process `pid` has used (Linux's /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 # -- the worker process ---------------------------------------------------------------------------------
@@ -204,12 +237,9 @@ def _write(out, obj) -> None:
 
 
 def main() -> None:
+    _low_priority(0)
     out = os.fdopen(os.dup(1), "wb")  # the protocol's own copy of stdout; anything printed goes to stderr
     os.dup2(2, 1)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-    except (AttributeError, OSError):
-        pass
     serve(sys.stdin.buffer, out)
 
 

@@ -44,20 +44,24 @@ SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 SUBSCHEMAS = ("additionalProperties", "propertyNames", "items")
 
 
-def _low_priority(pid: int | None = None) -> None:
-    """Run this thread (or process `pid`, 0 for this one) only on CPU time nothing else wants (Linux schedules
-    threads one by one): a schema compiling beside running requests takes only the CPU they leave, even when
-    the server runs at a real-time priority, which a nice value does not lower."""
+GRAMMAR_THREAD_NICE = 10  # the compile thread: low, not lowest (it takes the interpreter lock between compiles)
+
+
+def _low_priority(pid: int | None = None, nice: int = GRAMMAR_THREAD_NICE) -> None:
+    """Run this thread (or process `pid`, 0 for this one) in the normal scheduling class at `nice` (Linux
+    schedules threads one by one), out of a real-time class the server may run in, where a nice value counts
+    for nothing: a schema compiling beside running requests takes little of their CPU. Not lower than a
+    thread that takes the interpreter lock can bear: preempted while holding it, it holds up the engine
+    thread until the scheduler runs it again."""
     import os
 
     pid = threading.get_native_id() if pid is None else pid
     try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        if os.sched_getscheduler(pid) != os.SCHED_OTHER:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
     except (AttributeError, OSError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, pid, 19)
-        except (AttributeError, OSError):
-            pass
+        pass
 
 
 class Grammars:

@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
+from ..runtime.rules import ROW_FAILURE
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from .grammar_worker import attach as attach_grammar_worker, detach as detach_grammar_worker
@@ -388,8 +389,11 @@ def cache_domain(key_index: int | None, salt: str | None) -> bytes:
 
 
 def _request_failed(message: str) -> APIError:
-    """This request's own rules failed while it ran (its schema, or its tools' grammar, admits no output from
-    where it got; runtime/rules.RowRule.commit says which in the message's first word)."""
+    """This request failed alone while it ran: its schema, or its tools' grammar, admits no output from where it
+    got (400; runtime/rules.RowRule.commit says which in the message's first word), or its own processing
+    raised (500; runtime/rules.row_failure)."""
+    if message.startswith(ROW_FAILURE):
+        return APIError(500, message, type="server_error", code="request_failed")
     param = "tools" if message.startswith("structural_tag") else "response_format"
     return APIError(400, message, param, code="unsatisfiable_schema")
 
@@ -401,7 +405,7 @@ def _shutdown_error(message: str = "the server is shutting down; retry on anothe
 def _api_error_of(failed: Failed) -> APIError:
     if isinstance(failed, ShuttingDown):
         return _shutdown_error(failed.message)
-    return APIError(500, failed.message, type="server_error")
+    return APIError(500, failed.message, type="server_error", code="batch_failed")
 
 
 class Reply:

@@ -6,8 +6,10 @@ on the event loop, never on the engine thread, so a huge prompt delays nobody el
 Scheduler between rounds, runs rounds while there is work, and posts every StreamEvent to the
 job's asyncio.Queue with `call_soon_threadsafe`. A job's first message is `Admitted` (or an
 APIError: a prompt too long for the context), then its events. `cancel` (a client that went
-away) frees the rows at the next round. Nothing a request does can stop the thread: a failing
-round answers every request in flight with an error and the engine goes on with a fresh Scheduler.
+away) frees the rows at the next round. Nothing a request does can stop the thread: a request whose
+own processing fails (its rules, stop strings, text) ends alone with a 500 (runtime/rules.py); a round
+that fails as a whole answers the requests in its batch with an error and the engine goes on with a
+fresh Scheduler, which takes over the requests still waiting for a row.
 """
 from __future__ import annotations
 
@@ -252,15 +254,23 @@ class AsyncEngine(EngineThread):
             pass
 
     def abort(self, exc: Exception) -> None:
-        """A round failed: every request in flight gets the error; a fresh Scheduler goes on."""
+        """A round failed: every request in the batch (or being prefilled) gets the error; a fresh Scheduler
+        goes on, with the requests still waiting for a row, which never ran."""
         self.log(f"specc serve: a round failed:\n{traceback.format_exc()}")
-        message = f"the engine failed on this batch: {type(exc).__name__}: {exc}"
-        for job in {id(j): j for j in self.live.values()}.values():
+        message = (f"the engine failed on the batch this request ran in: {type(exc).__name__}: {exc}; the server "
+                   "goes on, retry the request")
+        waiting = list(self.scheduler.waiting)
+        spared = {s.index for s in waiting}
+        failed = {id(j): j for i, j in self.live.items() if i not in spared}
+        for job in failed.values():
             self._post(job, Failed(message))
-        self.live.clear()
+        self.live = {i: j for i, j in self.live.items() if id(j) not in failed}
         self.restart()
+        for seq in waiting:
+            if seq.index in self.live:  # not a sequence of a job that failed
+                self.scheduler.submit(seq)
         with self._lock:
-            self._queued = self.inbox.qsize()
+            self._queued = self.inbox.qsize() + len(self.scheduler.waiting)
 
 
 

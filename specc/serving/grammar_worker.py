@@ -237,7 +237,7 @@ def _write(out, obj) -> None:
 
 
 def main() -> None:
-    _low_priority(0)
+    _low_priority(0, 19)  # a process of its own: the lowest priority holds up no thread of the server
     out = os.fdopen(os.dup(1), "wb")  # the protocol's own copy of stdout; anything printed goes to stderr
     os.dup2(2, 1)
     serve(sys.stdin.buffer, out)

@@ -186,3 +186,30 @@ def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_go
     r = server.post("/v1/completions", {**INNOCENT, "prompt": "after the failure"})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop"), r.text
     assert server.engine.alive
+
+
+def test_memory_is_given_back_when_a_large_request_ends_while_others_run(bundles, monkeypatch):
+    """glibc keeps the heap a long prompt's buffers grew (its logits with echo) unless asked: the engine trims
+    it between rounds once such a request ends, without waiting for the others to finish."""
+    from specc.serving import engine as engine_mod
+
+    calls: list[int] = []
+    s = Server(create_app(specc.load(bundles["long_lookup"]), name="tiny"))
+    monkeypatch.setattr(engine_mod, "trim", lambda: calls.append(len(s.engine.live)) or True)
+    try:
+        out, started = [], threading.Event()
+        body = {**INNOCENT, "prompt": "a long innocent stream", "max_tokens": 3000,
+                "logit_bias": {"256": -100}}  # no end-of-text (the byte tokenizer's 256): it runs until cancelled
+        t = threading.Thread(target=stream, args=(s.url, "/v1/completions", body, out, started))
+        t.start()
+        assert started.wait(60)
+        prompt = [(i * 37) % 250 + 1 for i in range(1500)]
+        r = s.post("/v1/completions", {**INNOCENT, "prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 1})
+        assert r.status_code == 200, r.text
+        streaming = [job for job in s.engine.live.values() if job.events_streamed]
+        assert streaming, "the stream ended before the large request"
+        s.engine.cancel(streaming[0])
+        t.join(60)
+        assert any(live for live in calls), calls  # trimmed while the stream still had its row
+    finally:
+        s.stop()

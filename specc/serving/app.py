@@ -30,6 +30,7 @@ from ..runtime.rules import ROW_FAILURE
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from .grammar_worker import attach as attach_grammar_worker, detach as detach_grammar_worker
+from .memory import trim
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools
@@ -123,10 +124,12 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
         # the model, tokenizer and grammar tables live as long as the server: kept out of the collector's full
         # passes, which would otherwise walk all of them, holding the interpreter lock, every few hundred rounds
         gc.freeze()
+        trim()  # what building them took and freed
         engine.start()
         yield
         engine.close()
         detach_grammar_worker(model.grammars, worker)
+        gc.unfreeze()  # an app inside a longer-lived process (tests) leaves the collector as it found it
         for pool in (light, heavy):
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -31,8 +31,11 @@ from ..runtime.engine_thread import EngineThread
 from ..runtime.rules import Rules
 from ..runtime.scheduler import StreamEvent
 from ..speculation.sampling import SamplingParams
+from .memory import trim
 from .metrics import Metrics
 from .schemas import APIError
+
+TRIM_PROMPT_TOKENS = 1024  # a request with a prompt this long (or with echo) gives memory back when it ends
 
 
 @dataclass
@@ -83,6 +86,8 @@ class AsyncEngine(EngineThread):
         if metrics is None and speculative and model.suffix_cache is not None:
             self.metrics.watch_suffix(model.suffix_cache)
         self.live: dict[int, Job] = {}
+        self._trim_due = False  # a large request ended: give its buffers' memory back to the system
+        self._busy = False  # rounds ran since the engine was last idle
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()
         self._next_index = itertools.count()
@@ -133,8 +138,15 @@ class AsyncEngine(EngineThread):
 
     def idle(self) -> None:
         self.metrics.idle(self.queue_depth)
+        if self._busy or self._trim_due:
+            self._busy = self._trim_due = False
+            trim()
 
     def after_round(self) -> None:
+        self._busy = True
+        if self._trim_due:  # between rounds: the C call releases the interpreter lock, and takes a few ms
+            self._trim_due = False
+            trim()
         self._count_admitted()
         self.metrics.observe_prefix_cache(self.model.prefix_cache)
         if self.scheduler.last_round is not None:
@@ -245,6 +257,8 @@ class AsyncEngine(EngineThread):
             return
         if ev.finished:
             del self.live[ev.index]
+            if job.echo or any(len(p) >= TRIM_PROMPT_TOKENS for p in job.prompts if isinstance(p, list)):
+                self._trim_due = True
         self._post(job, ev)
 
     def _post(self, job: Job, item) -> None:

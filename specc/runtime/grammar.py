@@ -166,6 +166,8 @@ class Grammars:
                         self._pool = ThreadPoolExecutor(1, thread_name_prefix="specc-grammar", initializer=_low_priority)
                     future = self._pending[key] = self._pool.submit(self._build, key)
         if found is None:
+            if self.checker is not None:
+                self.checker.wait_ready()
             try:
                 found = future.result(timeout)
             except FutureTimeout:
@@ -223,6 +225,9 @@ class GrammarChecker:
     def check(self, key: str) -> str | None:
         """Why the schema or tag (a `Grammars` cache key) cannot be used (a RequestError's message), or None."""
         raise NotImplementedError
+
+    def wait_ready(self) -> None:
+        """Wait until a check can start (a caller's compile time limit starts after it)."""
 
 
 UNSATISFIABLE = ("json_schema admits no output the model can write: every way to start it leads to a place where only "

@@ -2,14 +2,14 @@
 
 Why a process: the satisfiability search (runtime/grammar.admits_output) is Python, and while a request's
 thread runs it, the engine thread waits for the interpreter lock at each of the many times a round takes it
-back from a kernel, so every stream's tokens come late. In a process of its own, at the lowest CPU priority,
-the search costs the server nothing but a core's idle share; and a compile that runs past its time limit is
-killed with its process (a thread cannot be stopped), its schema answered with a 400 and remembered as such.
+back from a kernel, so every stream's tokens come late. In a process of its own, at a low CPU priority and
+out of any real-time class the server runs in, the search takes little of the server's CPU and none of its
+interpreter lock; and a compile that runs past its time limit is killed with its process (a thread cannot
+be stopped), its schema answered with a 400 and remembered as such.
 
-The server compiles a schema itself only once the worker compiled it within WORKER_SECONDS and
+The server compiles a schema itself only once the worker compiled it within WORKER_SECONDS of CPU time and
 MAX_GRAMMAR_BYTES and found an output (xgrammar's compile releases the interpreter lock). The grammar is not
-sent back: its serialised form is about ten times its memory, and compiling again costs about what reading
-it would.
+sent back: its serialised form is several times its memory, and reading it costs about what compiling does.
 
 Protocol, over the worker's stdin and stdout: frames of a 4-byte big-endian length and UTF-8 JSON. The first
 frame is the tokenizer (xgrammar's serialised TokenizerInfo, vocabulary size, stop tokens), answered
@@ -47,6 +47,10 @@ class WorkerTimeout(WorkerGone):
     """The worker used up a job's time."""
 
 
+class WorkerNotStarted(WorkerGone):
+    """The worker process did not start."""
+
+
 class GrammarWorker(GrammarChecker):
     """The server's side: one worker process, one job at a time; killed and started again after a job that
     used more than `seconds` of CPU time (wall time would count the time a busy server left it none) or that
@@ -59,17 +63,26 @@ class GrammarWorker(GrammarChecker):
                              "eos_ids": grammars.eos_ids})
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._settled = threading.Event()  # no start under way (set once a started worker is ready, or failed)
+        self._settled.set()
 
     def start(self) -> None:
-        """Start the worker in a thread of its own; a check waits for it."""
+        """Start the worker in a thread of its own (`wait_ready` waits for it)."""
+        self._settled.clear()
+
         def run():
-            with self._lock:
-                try:
+            try:
+                with self._lock:
                     self._started()
-                except WorkerGone as exc:
-                    self.log(f"specc serve: the grammar worker did not start ({exc}); it is tried again on first use")
+            except WorkerGone as exc:
+                self.log(f"specc serve: the grammar worker did not start ({exc}); it is tried again on first use")
+            finally:
+                self._settled.set()
 
         threading.Thread(target=run, name="specc-grammar-worker-start", daemon=True).start()
+
+    def wait_ready(self) -> None:
+        self._settled.wait(WALL_SECONDS)
 
     def check(self, key: str) -> str | None:
         what = "structural_tag" if key.startswith(TAG_KEY) else "json_schema"
@@ -78,11 +91,16 @@ class GrammarWorker(GrammarChecker):
                 proc = self._started()
                 _send(proc, _frame({"key": key}))
                 return _receive(proc, self.seconds)["error"]
+            except WorkerNotStarted as exc:
+                self.log(f"specc serve: the grammar worker did not start: {exc}")
+                return f"{what} could not be checked: the server's grammar worker did not start"
             except WorkerTimeout:
                 self._stop()
+                self.start()  # ready again before the next schema comes
                 return too_slow(what, self.seconds)
             except WorkerGone as exc:
                 self._stop()
+                self.start()
                 self.log(f"specc serve: the grammar worker exited while checking a {what}: {exc}")
                 return f"{what} could not be compiled: the grammar library failed on it"
 
@@ -98,7 +116,7 @@ class GrammarWorker(GrammarChecker):
             _receive(self._proc, None)
         except WorkerGone as exc:
             self._stop()
-            raise WorkerGone(f"it did not start: {type(exc).__name__}: {exc}") from None
+            raise WorkerNotStarted(f"{type(exc).__name__}: {exc}") from None
         return self._proc
 
     def _stop(self) -> None:
@@ -237,7 +255,7 @@ def _write(out, obj) -> None:
 
 
 def main() -> None:
-    _low_priority(0, 19)  # a process of its own: the lowest priority holds up no thread of the server
+    _low_priority(0)  # a process of its own, holding up no thread of the server whatever its priority
     out = os.fdopen(os.dup(1), "wb")  # the protocol's own copy of stdout; anything printed goes to stderr
     os.dup2(2, 1)
     serve(sys.stdin.buffer, out)

@@ -118,7 +118,7 @@ def test_a_request_whose_grammar_mask_raises_or_leaves_nan_fails_alone_and_strea
                                                     "max_tokens": 8, "response_format": fmt}, out)
         return out[0]
 
-    for title, words in (("raise", "injected mask fault"), ("nan", "no finite logit")):
+    for title, words in (("raise", "injected mask fault"), ("nan", "NaN logit")):
         (status, events), texts, alone = beside_innocents(server, lambda: faulty(title))
         assert status == 200 and events[-1] == "[DONE]", events
         err = json.loads(events[-2])["error"]

@@ -13,8 +13,8 @@ and top-p come after, in speculation/sampling.py. logprobs are the log-softmax o
 transforms and before temperature/top-k/top-p (with no rule set: the model's own distribution, as OpenAI
 reports). Prompt logprobs (echo) are the model's own, untransformed.
 
-A failure in one row's rules (an exception in its penalties, mask or logprobs, or logits left with no finite
-value) stays with that row: BatchRules records it on the RowRule (`failure`), gives the row its untransformed
+A failure in one row's rules (an exception in its penalties, mask or logprobs, or a NaN left in its logits)
+stays with that row: BatchRules records it on the RowRule (`failure`), gives the row its untransformed
 logits so the batch's shared steps go on, and the Scheduler ends that request alone with the failure.
 """
 from __future__ import annotations
@@ -268,13 +268,14 @@ class BatchRules:
         return out[:, 0] if flat else out
 
     def _contain(self, out: torch.Tensor, raw: torch.Tensor) -> None:
-        """Rows whose transforms left a NaN or no finite logit at some position fail; every failed row gets its
-        raw logits back, so that the batch's shared sampling and acceptance see a valid distribution."""
+        """Rows whose transforms left a NaN fail (a position with no finite logit may be one that is never read:
+        past a draft the grammar refuses); every failed row gets its raw logits back, so that the batch's
+        shared sampling and acceptance see a valid distribution."""
         for b, rule in enumerate(self.rows):
             if rule is None:
                 continue
-            if rule.active and (out[b].isnan().any() or not out[b].isfinite().any(-1).all()):
-                rule.fail(FloatingPointError("the request's logits rules left no finite logit"))
+            if rule.active and out[b].isnan().any():
+                rule.fail(FloatingPointError("the request's logits rules left a NaN logit"))
             if rule.failure is not None:
                 out[b] = raw[b].float()
 

@@ -182,8 +182,12 @@ class Grammars:
         tag = key.startswith(TAG_KEY)
         try:
             error = self.checker.check(key) if self.checker is not None else None
-            result = RequestError(error) if error else self._compile_tag(key[len(TAG_KEY):]) if tag else \
-                self._compile_checked(key)
+            if error:
+                result = RequestError(error)
+            elif tag:
+                result = self._compile_tag(key[len(TAG_KEY):])
+            else:
+                result = self._compile_checked(key)
         except RequestError as exc:
             result = exc
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError (and MemoryError) with its own message
@@ -218,6 +222,7 @@ class Grammars:
 
         grammar = self.compile_tag(tag) if grammar is None else grammar
         return TagMatcher(xgr.GrammarMatcher(grammar), self._stops)
+
 
 class GrammarChecker:
     """What `Grammars.use_checker` takes: compiles and checks a schema or tag (its cache key) elsewhere."""

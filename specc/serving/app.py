@@ -122,7 +122,7 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
     async def lifespan(app: FastAPI):
         worker = attach_grammar_worker(model.grammars, log)  # schemas checked off this process's interpreter lock
         # the model, tokenizer and grammar tables live as long as the server: kept out of the collector's full
-        # passes, which would otherwise walk all of them, holding the interpreter lock, every few hundred rounds
+        # passes, each of which would otherwise walk all of them while holding the interpreter lock
         gc.freeze()
         trim()  # what building them took and freed
         engine.start()

@@ -15,17 +15,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..errors import RequestError
-
-JSON_OBJECT = "json_object"  # Rules.json_schema for any JSON object (response_format json_object)
-TAG_KEY = "structural_tag:"  # the cache key of a structural tag: this, then the tag (a schema is JSON text)
-
+from .grammar_keys import (JSON_OBJECT, TAG_KEY, UNSATISFIABLE, GrammarChecker, compile_key,  # noqa: F401 (re-exported)
+                           too_slow)
 
 MAX_SCHEMA_BYTES = 64 << 10  # a schema's JSON text; compile time grows faster than linearly with enums
 MAX_SCHEMA_DEPTH = 32  # nested subschemas
 MAX_PATTERN_CHARS = 1000
 MAX_PATTERN_SIZE = 512  # a pattern's atoms once counted repetitions are expanded ({1,62} nested thrice: 7,688)
 COMPILE_TIMEOUT_S = 10.0  # how long a request waits for its schema to compile
-MAX_GRAMMAR_BYTES = 128 << 20  # a compiled grammar's memory (checked where a GrammarChecker compiles first)
 SEARCH_STATES = 512  # grammar states the satisfiability search may visit
 SEARCH_SECONDS = 0.25  # and the wall time it may take: past either it gives up (the schema runs)
 CACHE_ENTRIES = 256
@@ -222,41 +219,6 @@ class Grammars:
 
         grammar = self.compile_tag(tag) if grammar is None else grammar
         return TagMatcher(xgr.GrammarMatcher(grammar), self._stops)
-
-
-class GrammarChecker:
-    """What `Grammars.use_checker` takes: compiles and checks a schema or tag (its cache key) elsewhere."""
-
-    def check(self, key: str) -> str | None:
-        """Why the schema or tag (a `Grammars` cache key) cannot be used (a RequestError's message), or None."""
-        raise NotImplementedError
-
-    def wait_ready(self) -> None:
-        """Wait until a check can start (a caller's compile time limit starts after it)."""
-
-
-UNSATISFIABLE = ("json_schema admits no output the model can write: every way to start it leads to a place where only "
-                 "raw control characters (or nothing) may follow, and compact JSON allows none (a pattern that needs a "
-                 "tab or newline inside a string is one)")
-HINTS = {"json_schema": "(fewer or shorter enum values, patterns with smaller repetition counts)",
-         "structural_tag": "(fewer tools, or simpler parameters)"}
-
-
-def too_slow(what: str, seconds: float) -> str:
-    """The message of a schema ("json_schema") or tag ("structural_tag") that did not compile in `seconds`."""
-    return f"{what} took longer than {seconds:g} s to compile; simplify it {HINTS[what]}"
-
-
-def compile_key(compiler, key: str):
-    """The compiled grammar of a `Grammars` cache key: JSON_OBJECT, a schema's text, or TAG_KEY + a tag."""
-    if key.startswith(TAG_KEY):
-        # no satisfiability search: a tag has no printable mask (TagMatcher), so the control-character dead end
-        # it looks for cannot arise; a dead end reached anyway still fails only its own row (RowRule.commit)
-        return compiler.compile_structural_tag(key[len(TAG_KEY):])
-    # compact JSON (no free whitespace): a model cannot stall in endless spaces
-    text = '{"type": "object"}' if key == JSON_OBJECT else key
-    return compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
-                                        strict_mode=key != JSON_OBJECT)
 
 
 def check_schema(schema: str, name: str = "json_schema") -> None:

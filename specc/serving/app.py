@@ -10,7 +10,6 @@ hold is refused before it is tokenised; stop strings are capped in count and len
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import secrets
 import time
@@ -29,8 +28,7 @@ from ..runtime.model import SpecModel
 from ..runtime.rules import ROW_FAILURE
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
-from .grammar_worker import attach as attach_grammar_worker, detach as detach_grammar_worker
-from .memory import trim
+from . import process
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools
@@ -120,16 +118,11 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker = attach_grammar_worker(model.grammars, log)  # schemas checked off this process's interpreter lock
-        # the model, tokenizer and grammar tables live as long as the server: kept out of the collector's full
-        # passes, each of which would otherwise walk all of them while holding the interpreter lock
-        gc.freeze()
-        trim()  # what building them took and freed
+        worker = process.starting(model, log)
         engine.start()
         yield
         engine.close()
-        detach_grammar_worker(model.grammars, worker)
-        gc.unfreeze()  # an app inside a longer-lived process (tests) leaves the collector as it found it
+        process.stopped(model, worker)
         for pool in (light, heavy):
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -27,9 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..runtime.grammar import (HINTS, JSON_OBJECT, MAX_GRAMMAR_BYTES, TAG_KEY, UNSATISFIABLE, CompactJsonMatcher,
-                               GrammarChecker, Grammars, _first_line, _low_priority, admits_output, compile_key, printable_mask,
-                               too_slow)
+from ..runtime.grammar import CompactJsonMatcher, Grammars, _first_line, _low_priority, admits_output, printable_mask
+from ..runtime.grammar_keys import (HINTS, JSON_OBJECT, MAX_GRAMMAR_BYTES, TAG_KEY, UNSATISFIABLE, GrammarChecker,
+                                    compile_key, too_slow)
 from ..errors import RequestError
 from .memory import trim
 

@@ -224,15 +224,25 @@ def latency_under_attack(server: LiveServer, n: int, stops: tuple[int, int], bod
 
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
-SCHEMA_ATTACKS = {  # each answered 400 before it compiles or runs
+SCHEMA_ATTACKS = {  # the first three are answered 400 at once, the others use the checks' whole budget
     "regex_66_bytes": {"type": "string", "pattern": "^([a-z]{1,62}[0-9]{1,62}){1,62}$"},
     "enum_60000": {"enum": [f"value-{i:06d}" for i in range(60_000)]},
     "unsatisfiable": {"type": "string", "pattern": "^\t\t$"},
+    # satisfiable, but the search for an output runs to its state or time bound
+    "search_bound": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                     "required": ["a"]},
+    # within every bound; with a large vocabulary these compile for seconds to grammars of tens of MB, the
+    # first within the checks' time limit (it then runs), the second past it
+    "compile_slow": {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{1,20}[0-9]{2,9}$"}
+                                                      for i in range(60)}, "required": [f"p{i}" for i in range(60)]},
+    "compile_heavy": {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{1,20}[0-9]{2,9}$"}
+                                                       for i in range(200)}, "required": [f"p{i}" for i in range(200)]},
 }
 
 
-def stream_gaps(server: LiveServer, body: dict, out: list) -> None:
-    """One completions stream; appends (status, [seconds between events after the first]) to out."""
+def stream_gaps(server: LiveServer, body: dict, out: list, until: threading.Event | None = None) -> None:
+    """One completions stream; appends (status, [seconds between events after the first]) to out. Stops
+    reading (and closes the stream) once `until` is set."""
     gaps, last = [], None
     with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=600) as r:
         for line in r.iter_lines():
@@ -241,14 +251,20 @@ def stream_gaps(server: LiveServer, body: dict, out: list) -> None:
                 if last is not None:
                     gaps.append(now - last)
                 last = now
+            if until is not None and until.is_set():
+                break
     out.append((r.status_code, gaps))
 
 
-def gaps_beside(server: LiveServer, attack, streams: int, body: dict) -> tuple[list[float], object, float]:
+def gaps_beside(server: LiveServer, attack, streams: int, body: dict,
+                after: float | None = None) -> tuple[list[float], object, float, float]:
     """`streams` innocent streams of `body`, and `attack()` (None: nothing) sent once they flow: each stream's
-    largest gap between events, what the attack was answered and its seconds."""
+    largest gap between events, what the attack was answered, its seconds, and the seconds the streams went on
+    after its answer (negative: they ended before it). The streams are read to their end, or until `after`
+    seconds past the attack's answer."""
     out: list = []
-    threads = [threading.Thread(target=stream_gaps, args=(server, {**body, "prompt": f"{body['prompt']} {i}"}, out))
+    done = threading.Event()
+    threads = [threading.Thread(target=stream_gaps, args=(server, {**body, "prompt": f"{body['prompt']} {i}"}, out, done))
                for i in range(streams)]
     for t in threads:
         t.start()
@@ -259,16 +275,25 @@ def gaps_beside(server: LiveServer, attack, streams: int, body: dict) -> tuple[l
             status = attack()
         except Exception as exc:  # the probe reports what broke instead of dying
             status = f"{type(exc).__name__}: {exc}"
-    seconds = time.perf_counter() - start
+    answered = time.perf_counter()
+    if after is not None:
+        time.sleep(after)
+        done.set()
     for t in threads:
         t.join(600)
     assert all(code == 200 for code, _ in out), out
-    return [max(g) for _, g in out if g], status, seconds
+    return [max(g) for _, g in out if g], status, answered - start, time.perf_counter() - answered
 
 
 def schema_attack(server: LiveServer, schema: dict):
-    """A function that sends a chat request with `schema` as its response_format and returns the status."""
+    """A function that sends a chat request with `schema` as its response_format over a plain socket and returns
+    the status. The body is encoded here, beforehand: encoding a large schema in the measuring process would
+    hold up its stream readers, not the server."""
+    body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+    data = json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n")
+
     def send():
-        body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
-        return server.post("/v1/chat/completions", body, timeout=600).status_code
+        return raw_request(server.port, head, data, timeout=600)[0]
     return send

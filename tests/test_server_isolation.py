@@ -202,6 +202,33 @@ def test_compiling_waits_at_most_the_timeout_and_caches(bundles, monkeypatch):
     assert model.grammars.compile(schema) is first and len(calls) == 1
 
 
+def test_the_search_and_costly_compiles_run_in_the_grammar_worker_not_the_server(bundles, monkeypatch):
+    """A server's schemas are searched for an output in its grammar worker (the search is Python and would hold
+    the server's interpreter lock); a schema past the worker's CPU budget is killed there, answered 400 and
+    remembered, and the worker comes back for the next schema."""
+    import specc
+    from specc.runtime import grammar
+    from specc.serving.grammar_worker import attach, detach
+
+    model = specc.load(bundles["draft"])
+    worker = attach(model.grammars)
+    monkeypatch.setattr(grammar, "admits_output", lambda *a, **k: pytest.fail("searched in the server"))
+    try:
+        with pytest.raises(RequestError, match="admits no output"):
+            model.grammars.compile(json.dumps(TAB))
+        worker.seconds = 0.05
+        heavy = json.dumps({"type": "object", "required": [f"p{i}" for i in range(300)], "properties": {
+            f"p{i}": {"type": "string", "pattern": "^([a-z]{1,9}[0-9]{1,9}){1,9}$"} for i in range(300)}})
+        with pytest.raises(RequestError, match="took longer than 0.05 s"):
+            model.grammars.compile(heavy)
+        with pytest.raises(RequestError, match="took longer than 0.05 s"):
+            model.grammars.compile(heavy)  # remembered: not compiled again
+        worker.seconds = 30.0
+        assert model.grammars.compile(json.dumps({"type": "integer"})) is not None
+    finally:
+        detach(model.grammars, worker)
+
+
 # -- 3: no response holds a non-finite number ---------------------------------------------------------------
 def test_logprobs_under_a_grammar_are_finite_json(live):
     fmt = schema_format({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})

@@ -15,10 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..errors import RequestError
-
-JSON_OBJECT = "json_object"  # Rules.json_schema for any JSON object (response_format json_object)
-TAG_KEY = "structural_tag:"  # the cache key of a structural tag: this, then the tag (a schema is JSON text)
-
+from .grammar_keys import (JSON_OBJECT, TAG_KEY, UNSATISFIABLE, GrammarChecker, compile_key,  # noqa: F401 (re-exported)
+                           too_slow)
 
 MAX_SCHEMA_BYTES = 64 << 10  # a schema's JSON text; compile time grows faster than linearly with enums
 MAX_SCHEMA_DEPTH = 32  # nested subschemas
@@ -43,13 +41,22 @@ SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 SUBSCHEMAS = ("additionalProperties", "propertyNames", "items")
 
 
-def _low_priority() -> None:
-    """Run this thread at the lowest CPU priority (Linux sets nice per thread): a schema compiling beside
-    running requests takes only the CPU they leave."""
+GRAMMAR_THREAD_NICE = 10  # the compile thread: low, not lowest (it takes the interpreter lock between compiles)
+
+
+def _low_priority(pid: int | None = None, nice: int = GRAMMAR_THREAD_NICE) -> None:
+    """Run this thread (or process `pid`, 0 for this one) in the normal scheduling class at `nice` (Linux
+    schedules threads one by one), out of a real-time class the server may run in, where a nice value counts
+    for nothing: a schema compiling beside running requests takes little of their CPU. Not lower than a
+    thread that takes the interpreter lock can bear: preempted while holding it, it holds up the engine
+    thread until the scheduler runs it again."""
     import os
 
+    pid = threading.get_native_id() if pid is None else pid
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        if os.sched_getscheduler(pid) != os.SCHED_OTHER:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
     except (AttributeError, OSError):
         pass
 
@@ -60,7 +67,11 @@ class Grammars:
     Compiling runs on one low-priority thread of its own, never under a lock another request or the
     engine waits on; a caller waits at most COMPILE_TIMEOUT_S for it. Compiled grammars (and the
     errors of schemas and tags that failed) are kept in one LRU cache by schema text (TAG_KEY + tag text
-    for a tag)."""
+    for a tag).
+
+    With a checker (`use_checker`; `specc serve` gives it a worker process, serving/grammar_worker.py),
+    each schema and tag is first compiled and searched there, bounded in time and memory, and compiled here
+    only once it passed; without one, the satisfiability search runs in the caller's thread."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids):
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, sorted(eos_ids)
@@ -72,6 +83,12 @@ class Grammars:
         self._pool: ThreadPoolExecutor | None = None
         self._admits: OrderedDict[str, bool | None] = OrderedDict()  # schema -> admits_output's verdict
         self.decoded: list[bytes] | None = None  # each token's own bytes (once the compiler is built)
+        self.info = None  # xgrammar's TokenizerInfo (once the compiler is built)
+        self.checker: GrammarChecker | None = None
+
+    def use_checker(self, checker: "GrammarChecker") -> None:
+        """Check every schema and tag not cached yet with `checker` before compiling it here."""
+        self.checker = checker
 
     def decode_vocab(self) -> list[bytes] | None:
         """Each token's own bytes (a token may hold part of a character), as the grammar library decodes
@@ -93,7 +110,7 @@ class Grammars:
                                                           stop_token_ids=self.eos_ids)
                 self._printable = printable_mask(info.decoded_vocab, self.vocab_size, self.eos_ids)
                 self._stops = printable_mask([b"\0"] * self.vocab_size, self.vocab_size, self.eos_ids)
-                self.decoded = info.decoded_vocab
+                self.decoded, self.info = info.decoded_vocab, info
                 # one thread per compile: the engine keeps the other cores
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
@@ -103,12 +120,9 @@ class Grammars:
         cannot be enforced, what the library could not compile, or that it took longer than `timeout`."""
         if schema != JSON_OBJECT:
             check_schema(schema)
-        grammar = self._compiled(schema, timeout, "json_schema", "(fewer or shorter enum values, patterns with "
-                                                                 "smaller repetition counts)")
-        if schema != JSON_OBJECT and self._verdict(schema, grammar) is False:
-            raise RequestError("json_schema admits no output the model can write: every way to start it leads to a "
-                               "place where only raw control characters (or nothing) may follow, and compact JSON "
-                               "allows none (a pattern that needs a tab or newline inside a string is one)")
+        grammar = self._compiled(schema, timeout, "json_schema")
+        if schema != JSON_OBJECT and self.checker is None and self._verdict(schema, grammar) is False:
+            raise RequestError(UNSATISFIABLE)
         return grammar
 
     def _verdict(self, schema: str, grammar) -> bool | None:
@@ -131,9 +145,9 @@ class Grammars:
         same low-priority thread, time limit and cache as schemas (keyed apart: TAG_KEY + the tag); RequestError
         naming what the library could not compile, or that it took longer than `timeout`. The tag's argument
         schemas are checked by the caller (serving/tools.py runs check_schema on each tool's parameters)."""
-        return self._compiled(TAG_KEY + tag, timeout, "structural_tag", "(fewer tools, or simpler parameters)")
+        return self._compiled(TAG_KEY + tag, timeout, "structural_tag")
 
-    def _compiled(self, key: str, timeout: float, what: str, hint: str):
+    def _compiled(self, key: str, timeout: float, what: str):
         """The cached grammar of `key`, else compiled on the grammar thread while the caller waits at most
         `timeout` (the compile goes on, and is cached, when the caller stops waiting)."""
         self.compiler()
@@ -149,10 +163,12 @@ class Grammars:
                         self._pool = ThreadPoolExecutor(1, thread_name_prefix="specc-grammar", initializer=_low_priority)
                     future = self._pending[key] = self._pool.submit(self._build, key)
         if found is None:
+            if self.checker is not None:
+                self.checker.wait_ready()
             try:
                 found = future.result(timeout)
             except FutureTimeout:
-                raise RequestError(f"{what} took longer than {timeout:g} s to compile; simplify it {hint}") from None
+                raise RequestError(too_slow(what, timeout)) from None
         if isinstance(found, RequestError):
             raise RequestError(str(found))
         return found
@@ -162,7 +178,13 @@ class Grammars:
         cached."""
         tag = key.startswith(TAG_KEY)
         try:
-            result = self._compile_tag(key[len(TAG_KEY):]) if tag else self._compile_checked(key)
+            error = self.checker.check(key) if self.checker is not None else None
+            if error:
+                result = RequestError(error)
+            elif tag:
+                result = self._compile_tag(key[len(TAG_KEY):])
+            else:
+                result = self._compile_checked(key)
         except RequestError as exc:
             result = exc
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError (and MemoryError) with its own message
@@ -179,15 +201,10 @@ class Grammars:
         return result
 
     def _compile_checked(self, schema: str):
-        # compact JSON (no free whitespace): a model cannot stall in endless spaces
-        text = '{"type": "object"}' if schema == JSON_OBJECT else schema
-        return self._compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"),
-                                                  strict_mode=schema != JSON_OBJECT)
+        return compile_key(self._compiler, schema)
 
     def _compile_tag(self, tag: str):
-        # no satisfiability search: a tag has no printable mask (TagMatcher), so the control-character dead end
-        # it looks for cannot arise; a dead end reached anyway still fails only its own row (RowRule.commit)
-        return self._compiler.compile_structural_tag(tag)
+        return compile_key(self._compiler, TAG_KEY + tag)
 
     def matcher(self, schema: str, grammar=None) -> "CompactJsonMatcher":
         """A matcher of `grammar` (already compiled for `schema`), else of the schema compiled now."""
@@ -202,6 +219,7 @@ class Grammars:
 
         grammar = self.compile_tag(tag) if grammar is None else grammar
         return TagMatcher(xgr.GrammarMatcher(grammar), self._stops)
+
 
 def check_schema(schema: str, name: str = "json_schema") -> None:
     """RequestError for a schema too large to compile in bounded time, or using a keyword the grammar

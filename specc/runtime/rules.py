@@ -12,10 +12,15 @@ presence/frequency penalties (output tokens), then logit_bias, then the grammar 
 and top-p come after, in speculation/sampling.py. logprobs are the log-softmax of the logits after these
 transforms and before temperature/top-k/top-p (with no rule set: the model's own distribution, as OpenAI
 reports). Prompt logprobs (echo) are the model's own, untransformed.
+
+A failure in one row's rules (an exception in its penalties, mask or logprobs, or a NaN left in its logits)
+stays with that row: BatchRules records it on the RowRule (`failure`), gives the row its untransformed
+logits so the batch's shared steps go on, and the Scheduler ends that request alone with the failure.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -27,6 +32,15 @@ from ..errors import RequestError
 # a penalty p scales logits by 1/p or p: beyond these, float32 logits overflow to inf or collapse to ties
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (completions' logprobs stops at 5; serving checks that)
+ROW_FAILURE = "internal error in this request's own processing"  # how a row failure's message starts
+
+log = logging.getLogger("specc")
+
+
+def row_failure(exc: BaseException) -> str:
+    """The message a request that failed alone ends with (its traceback goes to the log)."""
+    log.error("a request failed in its own processing; it ends alone, the batch goes on", exc_info=exc)
+    return f"{ROW_FAILURE}: {type(exc).__name__}: {exc}"
 
 
 def _real(value) -> bool:
@@ -103,11 +117,22 @@ class RowRule:
 
     def __init__(self, rules: Rules, prompt: list[int], vocab: int, matcher=None):
         self.rules, self.prompt, self.vocab, self.matcher = rules, list(prompt), vocab, matcher
+        self.failure: str | None = None  # why this row's own rules failed (then never applied again)
         self.bias = None
         if rules.logit_bias:
             self.bias = torch.zeros(vocab)
             for tok, b in rules.logit_bias:
                 self.bias[tok] = float(b)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record that this row's rules raised: the row ends with the failure (Scheduler._advance)."""
+        if self.failure is None:
+            self.failure = row_failure(exc)
+
+    @property
+    def active(self) -> bool:
+        """The row has rules that change logits and none of them failed."""
+        return self.failure is None and self.rules.transforms
 
     @property
     def penalises(self) -> bool:
@@ -234,15 +259,44 @@ class BatchRules:
         drafts = _lists(drafts, len(self.rows))
         out = self._penalise(logits.float().clone(), drafts, start)
         for b, rule in enumerate(self.rows):
-            if rule is not None and rule.matcher is not None:
-                rule._mask(out[b], drafts[b], start)
+            if rule is not None and rule.matcher is not None and rule.failure is None:
+                try:
+                    rule._mask(out[b], drafts[b], start)
+                except Exception as exc:
+                    rule.fail(exc)
+        self._contain(out, logits)
         return out[:, 0] if flat else out
 
+    def _contain(self, out: torch.Tensor, raw: torch.Tensor) -> None:
+        """Rows whose transforms left a NaN fail (a position with no finite logit may be one that is never read:
+        past a draft the grammar refuses); every failed row gets its raw logits back, so that the batch's
+        shared sampling and acceptance see a valid distribution."""
+        for b, rule in enumerate(self.rows):
+            if rule is None:
+                continue
+            if rule.active and out[b].isnan().any():
+                rule.fail(FloatingPointError("the request's logits rules left a NaN logit"))
+            if rule.failure is not None:
+                out[b] = raw[b].float()
+
     def _penalise(self, logits: torch.Tensor, drafts: list[list[int]], start: int) -> torch.Tensor:
-        """Penalties and logit_bias of every row at once (RowRule.apply's first steps, batched): logits [B, n, V]."""
-        rows = [b for b, r in enumerate(self.rows) if r is not None and r.penalises]
+        """Penalties and logit_bias of every row at once (RowRule.apply's first steps, batched): logits [B, n, V].
+        Where the batched pass raises, row by row, and the rows that raise fail."""
+        rows = [b for b, r in enumerate(self.rows) if r is not None and r.penalises and r.failure is None]
         if not rows:
             return logits
+        try:
+            return self._penalise_rows(logits, drafts, start, rows)
+        except Exception:
+            for b in rows:
+                try:
+                    logits = self._penalise_rows(logits, drafts, start, [b])
+                except Exception as exc:
+                    self.rows[b].fail(exc)
+            return logits
+
+    def _penalise_rows(self, logits: torch.Tensor, drafts: list[list[int]], start: int, rows: list[int]) -> torch.Tensor:
+        """`_penalise` of these rows; logits change only once all of them are computed."""
         n, vocab, device = logits.shape[1], logits.shape[-1], logits.device
         idx = torch.tensor(rows, device=device)
         rules = [self.rows[b] for b in rows]
@@ -274,19 +328,26 @@ class BatchRules:
         out = logits.float().clone()
         for b, (rule, tree) in enumerate(zip(self.rows, trees)):
             row_nodes = range(tree.size + 1) if nodes is None else nodes[b]
-            if rule is None or not rule.rules.transforms or (out.shape[1] == 1 and len(row_nodes) > 1):
+            if rule is None or not rule.active or (out.shape[1] == 1 and len(row_nodes) > 1):
                 continue
-            for f, node in enumerate(row_nodes):
-                path = [tree.tokens[a] for a in reversed(tree.ancestors(node)[:-1])]  # drafts after the root
-                out[b, f] = rule.apply(out[b, f:f + 1], self.outs[b], path, start=len(path))[0]
+            try:
+                for f, node in enumerate(row_nodes):
+                    path = [tree.tokens[a] for a in reversed(tree.ancestors(node)[:-1])]  # drafts after the root
+                    out[b, f] = rule.apply(out[b, f:f + 1], self.outs[b], path, start=len(path))[0]
+            except Exception as exc:
+                rule.fail(exc)
+        self._contain(out, logits)
         return out
 
     def clip(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Each row's valid draft count cut at the first draft its grammar forbids."""
         drafts, cut = tokens.tolist(), lengths.tolist()
         for b, rule in enumerate(self.rows):
-            if rule is not None and rule.matcher is not None:
-                cut[b] = rule.allowed(drafts[b][: cut[b]])
+            if rule is not None and rule.matcher is not None and rule.failure is None:
+                try:
+                    cut[b] = rule.allowed(drafts[b][: cut[b]])
+                except Exception as exc:
+                    rule.fail(exc)
         return torch.tensor(cut, dtype=lengths.dtype, device=lengths.device)
 
     def logprobs(self, logits: torch.Tensor, tokens: list[list[int]]) -> list | None:
@@ -296,8 +357,13 @@ class BatchRules:
             return None
         out = []
         for b, rule in enumerate(self.rows):
-            out.append(None if rule is None or rule.rules.logprobs is None
-                       else token_logprobs(logits[b, : len(tokens[b])], tokens[b], rule.rules.logprobs))
+            entry = None
+            if rule is not None and rule.rules.logprobs is not None and rule.failure is None:
+                try:
+                    entry = token_logprobs(logits[b, : len(tokens[b])], tokens[b], rule.rules.logprobs)
+                except Exception as exc:
+                    rule.fail(exc)
+            out.append(entry)
         return out
 
 
@@ -308,13 +374,17 @@ class BatchRules:
         transform applies to a prompt."""
         out = []
         for b, rule in enumerate(self.rows):
-            if rule is None or not rule.rules.prompt_logprobs:
+            if rule is None or not rule.rules.prompt_logprobs or rule.failure is not None:
                 out.append(None)
                 continue
             start, prompt = prompt_at[b], rule.prompt
             n = max(0, min(fed[b], len(prompt) - 1 - start))
             head = [(prompt[0], None, [])] if start == 0 and fed[b] else []
-            out.append(head + token_logprobs(logits[b, :n], prompt[start + 1:start + 1 + n], rule.rules.logprobs or 0))
+            try:
+                out.append(head + token_logprobs(logits[b, :n], prompt[start + 1:start + 1 + n], rule.rules.logprobs or 0))
+            except Exception as exc:
+                rule.fail(exc)
+                out.append(None)
         return out
 
 

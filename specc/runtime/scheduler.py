@@ -27,6 +27,7 @@ from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK, copy_blocks
 from .record import RoundRecord
 from .rounds import chain_round, plain_round, tree_round
+from .rules import row_failure
 from .state import Batch, Request
 from .stats import RunStats
 
@@ -325,24 +326,15 @@ class Scheduler:
         logprobs of rows that asked)."""
         events, keep = [], []
         for b, (seq, toks) in enumerate(zip(batch.seqs, new_tokens)):
-            taken, eos = [], False
-            for t in toks:
-                if t in self.engine.eos_ids:
-                    seq.finish_reason, eos = "stop", True
-                    break
-                taken.append(t)
-                if len(seq.out) + len(taken) >= seq.max_new_tokens:
-                    seq.finish_reason = "length"
-                    break
-            before = len(seq.out)
-            seq.out.extend(taken)
-            text, hit_stop = seq.text.update(seq.out, final=seq.finish_reason is not None)
-            if hit_stop:  # the row ends at the token that completed the stop string, as target-only's would
-                seq.finish_reason = "stop"
-                del seq.out[seq.text.stop_end(seq.out, before + 1):]
-                taken = seq.out[before:]
-            if seq.rule is not None and (error := seq.rule.commit(taken, eos)) is not None:
-                seq.finish_reason, seq.error = "error", error  # this request fails; the batch goes on
+            failure = seq.rule.failure if seq.rule is not None else None  # its rules failed in this round
+            if failure is None:
+                try:
+                    text, taken = self._take(seq, toks)
+                except Exception as exc:  # its own detokenising, stop strings or grammar: it fails alone
+                    failure = row_failure(exc)
+            if failure is not None:  # nothing of this round is its: its rules did not hold
+                text, taken = "", []
+                seq.finish_reason, seq.error = "error", failure
             self.stats.new_tokens += len(taken)
             done = seq.finish_reason is not None
             if text or taken or done:
@@ -352,10 +344,34 @@ class Scheduler:
                                           prompt_logprobs[b] if prompt_logprobs else None, error=seq.error))
             if done:
                 self.stats.speculation.merge(seq.stats)
-                self._store_prefixes(batch, [b])
+                if failure is None:  # a failed row's cache may hold tokens its rules did not choose
+                    self._store_prefixes(batch, [b])
                 self._finished(seq)
             else:
                 keep.append(b)
         if len(keep) < len(batch.seqs):
             batch.keep_rows(keep)
         return events
+
+    def _take(self, seq: Request, toks: list[int]) -> tuple[str, list[int]]:
+        """Append a row's new tokens up to EOS, its length or a stop string, and advance its grammar over them;
+        the text they release and the tokens kept."""
+        taken, eos = [], False
+        for t in toks:
+            if t in self.engine.eos_ids:
+                seq.finish_reason, eos = "stop", True
+                break
+            taken.append(t)
+            if len(seq.out) + len(taken) >= seq.max_new_tokens:
+                seq.finish_reason = "length"
+                break
+        before = len(seq.out)
+        seq.out.extend(taken)
+        text, hit_stop = seq.text.update(seq.out, final=seq.finish_reason is not None)
+        if hit_stop:  # the row ends at the token that completed the stop string, as target-only's would
+            seq.finish_reason = "stop"
+            del seq.out[seq.text.stop_end(seq.out, before + 1):]
+            taken = seq.out[before:]
+        if seq.rule is not None and (error := seq.rule.commit(taken, eos)) is not None:
+            seq.finish_reason, seq.error = "error", error  # this request fails; the batch goes on
+        return text, taken

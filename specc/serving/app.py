@@ -25,8 +25,10 @@ from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
+from ..runtime.rules import ROW_FAILURE
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
+from . import process
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools
@@ -116,9 +118,11 @@ def create_app(model: SpecModel, *, name: str = "specc", k: int | str | None = "
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        worker = process.starting(model, log)
         engine.start()
         yield
         engine.close()
+        process.stopped(model, worker)
         for pool in (light, heavy):
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -381,8 +385,11 @@ def cache_domain(key_index: int | None, salt: str | None) -> bytes:
 
 
 def _request_failed(message: str) -> APIError:
-    """This request's own rules failed while it ran (its schema, or its tools' grammar, admits no output from
-    where it got; runtime/rules.RowRule.commit says which in the message's first word)."""
+    """This request failed alone while it ran: its schema, or its tools' grammar, admits no output from where it
+    got (400; runtime/rules.RowRule.commit says which in the message's first word), or its own processing
+    raised (500; runtime/rules.row_failure)."""
+    if message.startswith(ROW_FAILURE):
+        return APIError(500, message, type="server_error", code="request_failed")
     param = "tools" if message.startswith("structural_tag") else "response_format"
     return APIError(400, message, param, code="unsatisfiable_schema")
 
@@ -394,7 +401,7 @@ def _shutdown_error(message: str = "the server is shutting down; retry on anothe
 def _api_error_of(failed: Failed) -> APIError:
     if isinstance(failed, ShuttingDown):
         return _shutdown_error(failed.message)
-    return APIError(500, failed.message, type="server_error")
+    return APIError(500, failed.message, type="server_error", code="batch_failed")
 
 
 class Reply:

@@ -6,8 +6,10 @@ on the event loop, never on the engine thread, so a huge prompt delays nobody el
 Scheduler between rounds, runs rounds while there is work, and posts every StreamEvent to the
 job's asyncio.Queue with `call_soon_threadsafe`. A job's first message is `Admitted` (or an
 APIError: a prompt too long for the context), then its events. `cancel` (a client that went
-away) frees the rows at the next round. Nothing a request does can stop the thread: a failing
-round answers every request in flight with an error and the engine goes on with a fresh Scheduler.
+away) frees the rows at the next round. Nothing a request does can stop the thread: a request whose
+own processing fails (its rules, stop strings, text) ends alone with a 500 (runtime/rules.py); a round
+that fails as a whole answers the requests in its batch with an error and the engine goes on with a
+fresh Scheduler, which takes over the requests still waiting for a row.
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ from ..runtime.engine_thread import EngineThread
 from ..runtime.rules import Rules
 from ..runtime.scheduler import StreamEvent
 from ..speculation.sampling import SamplingParams
+from .memory import trim
 from .metrics import Metrics
 from .schemas import APIError
+
+TRIM_PROMPT_TOKENS = 1024  # a request with a prompt this long (or with echo) gives memory back when it ends
 
 
 @dataclass
@@ -81,6 +86,8 @@ class AsyncEngine(EngineThread):
         if metrics is None and speculative and model.suffix_cache is not None:
             self.metrics.watch_suffix(model.suffix_cache)
         self.live: dict[int, Job] = {}
+        self._trim_due = False  # a large request ended: give its buffers' memory back to the system
+        self._busy = False  # rounds ran since the engine was last idle
         self._queued = 0  # sequences submitted by handlers and not yet in a batch row
         self._lock = threading.Lock()
         self._next_index = itertools.count()
@@ -131,8 +138,15 @@ class AsyncEngine(EngineThread):
 
     def idle(self) -> None:
         self.metrics.idle(self.queue_depth)
+        if self._busy or self._trim_due:
+            self._busy = self._trim_due = False
+            trim()
 
     def after_round(self) -> None:
+        self._busy = True
+        if self._trim_due:  # between rounds: the C call releases the interpreter lock, and takes a few ms
+            self._trim_due = False
+            trim()
         self._count_admitted()
         self.metrics.observe_prefix_cache(self.model.prefix_cache)
         if self.scheduler.last_round is not None:
@@ -243,6 +257,8 @@ class AsyncEngine(EngineThread):
             return
         if ev.finished:
             del self.live[ev.index]
+            if job.echo or any(len(p) >= TRIM_PROMPT_TOKENS for p in job.prompts if isinstance(p, list)):
+                self._trim_due = True
         self._post(job, ev)
 
     def _post(self, job: Job, item) -> None:
@@ -252,15 +268,23 @@ class AsyncEngine(EngineThread):
             pass
 
     def abort(self, exc: Exception) -> None:
-        """A round failed: every request in flight gets the error; a fresh Scheduler goes on."""
+        """A round failed: every request in the batch (or being prefilled) gets the error; a fresh Scheduler
+        goes on, with the requests still waiting for a row, which never ran."""
         self.log(f"specc serve: a round failed:\n{traceback.format_exc()}")
-        message = f"the engine failed on this batch: {type(exc).__name__}: {exc}"
-        for job in {id(j): j for j in self.live.values()}.values():
+        message = (f"the engine failed on the batch this request ran in: {type(exc).__name__}: {exc}; the server "
+                   "goes on, retry the request")
+        waiting = list(self.scheduler.waiting)
+        spared = {s.index for s in waiting}
+        failed = {id(j): j for i, j in self.live.items() if i not in spared}
+        for job in failed.values():
             self._post(job, Failed(message))
-        self.live.clear()
+        self.live = {i: j for i, j in self.live.items() if id(j) not in failed}
         self.restart()
+        for seq in waiting:
+            if seq.index in self.live:  # not a sequence of a job that failed
+                self.scheduler.submit(seq)
         with self._lock:
-            self._queued = self.inbox.qsize()
+            self._queued = self.inbox.qsize() + len(self.scheduler.waiting)
 
 
 

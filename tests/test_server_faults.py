@@ -1,0 +1,215 @@
+"""A failure stays with the request that caused it: faults injected (monkeypatch, in-process) into one request's
+own work in a round (its logprobs, grammar mask, penalties, stop-string check, logits) end that request alone
+with a 500 while the streams beside it finish as they would have; a fault in the batch's shared pass ends the
+requests in that batch with a 500 event and the server goes on serving."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("xgrammar")
+from test_serving import Server, httpx  # noqa: E402
+
+import specc  # noqa: E402
+from specc.runtime import rules as rules_mod  # noqa: E402
+from specc.runtime.rules import BatchRules, RowRule  # noqa: E402
+from specc.runtime.text import TextStream  # noqa: E402
+from specc.runtime.verifier import Verifier  # noqa: E402
+from specc.serving.app import create_app  # noqa: E402
+
+INNOCENT = {"model": "tiny", "max_tokens": 60, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(bundles):
+    s = Server(create_app(specc.load(bundles["draft"]), name="tiny"))
+    yield s
+    s.stop()
+
+
+def stream(url: str, path: str, body: dict, out: list, started: threading.Event | None = None) -> None:
+    """One streamed request; appends (status, [data payloads]) to out, sets `started` at its first event."""
+    events = []
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if started is not None:
+                    started.set()
+    out.append((r.status_code, events))
+
+
+def text_of(events: list[str]) -> str:
+    assert events[-1] == "[DONE]", events[-3:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("error" not in c for c in chunks), chunks[-1]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def beside_innocents(server: Server, fault, n: int = 3, innocent: dict = INNOCENT) -> tuple[object, list[str], list[str]]:
+    """Run `fault()` while n innocent completions streams are in flight (each has its first event); returns what
+    fault() returned, the streams' texts, and their texts alone (the same requests with nothing beside them)."""
+    bodies = [{**innocent, "prompt": f"innocent {i}"} for i in range(n)]
+    alone = []
+    for body in bodies:
+        out: list = []
+        stream(server.url, "/v1/completions", body, out)
+        alone.append(text_of(out[0][1]))
+    out, threads, started = [], [], []
+    for body in bodies:
+        flag = threading.Event()
+        started.append(flag)
+        threads.append(threading.Thread(target=stream, args=(server.url, "/v1/completions", body, out, flag)))
+        threads[-1].start()
+    for flag in started:
+        assert flag.wait(60)
+    result = fault()
+    for t in threads:
+        t.join(120)
+    assert [status for status, _ in out] == [200] * n
+    return result, sorted(text_of(events) for _, events in out), sorted(alone)
+
+
+def failed_alone(r) -> dict:
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["code"] == "request_failed" and err["type"] == "server_error", err
+    assert err["message"].startswith(rules_mod.ROW_FAILURE), err
+    return err
+
+
+def test_a_request_whose_logprobs_raise_fails_alone(server, monkeypatch):
+    real = rules_mod.token_logprobs
+
+    def broken(logits, tokens, top):
+        if top == 7:  # the faulty request's marker: top_logprobs 7
+            raise RuntimeError("injected logprobs fault")
+        return real(logits, tokens, top)
+
+    monkeypatch.setattr(rules_mod, "token_logprobs", broken)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "logprobs": True}
+    r, texts, alone = beside_innocents(server, lambda: server.post("/v1/chat/completions", {**chat, "top_logprobs": 7}))
+    assert "injected logprobs fault" in failed_alone(r)["message"]
+    assert texts == alone
+    assert server.post("/v1/chat/completions", {**chat, "top_logprobs": 3}).status_code == 200
+
+
+def test_a_request_whose_grammar_mask_raises_or_leaves_nan_fails_alone_and_streams_say_so(server, monkeypatch):
+    real = RowRule._mask
+
+    def broken(self, logits, drafts, start):
+        title = json.loads(self.rules.json_schema).get("title")
+        if title == "raise":
+            raise ValueError("injected mask fault")
+        real(self, logits, drafts, start)
+        if title == "nan":
+            logits[:] = float("nan")
+
+    monkeypatch.setattr(RowRule, "_mask", broken)
+
+    def faulty(title: str):
+        fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "integer", "title": title}}}
+        out: list = []
+        stream(server.url, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                    "max_tokens": 8, "response_format": fmt}, out)
+        return out[0]
+
+    for title, words in (("raise", "injected mask fault"), ("nan", "NaN logit")):
+        (status, events), texts, alone = beside_innocents(server, lambda: faulty(title))
+        assert status == 200 and events[-1] == "[DONE]", events
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "request_failed" and words in err["message"], err
+        assert texts == alone
+    status, events = faulty("fine")
+    assert status == 200 and "error" not in events[-2], events
+
+
+def test_a_request_whose_penalties_raise_fails_alone_beside_other_penalised_rows(server, monkeypatch):
+    """The penalties of all rows are computed together: when that raises, row by row, and only the row that
+    raises fails (the innocent streams here penalise too)."""
+    real = BatchRules._penalise_rows
+
+    def broken(self, logits, drafts, start, rows):
+        if any(self.rows[b].rules.logit_bias == ((13, 7),) for b in rows):
+            raise RuntimeError("injected penalty fault")
+        return real(self, logits, drafts, start, rows)
+
+    monkeypatch.setattr(BatchRules, "_penalise_rows", broken)
+    r, texts, alone = beside_innocents(
+        server, lambda: server.post("/v1/completions", {**INNOCENT, "prompt": "x", "logit_bias": {"13": 7}}),
+        innocent={**INNOCENT, "frequency_penalty": 0.5})
+    assert "injected penalty fault" in failed_alone(r)["message"]
+    assert texts == alone
+
+
+def test_a_request_whose_stop_check_raises_fails_alone(server, monkeypatch):
+    real = TextStream.update
+
+    def broken(self, ids, final=False):
+        if "boom" in self.stop:
+            raise UnicodeError("injected stop-string fault")
+        return real(self, ids, final)
+
+    monkeypatch.setattr(TextStream, "update", broken)
+    r, texts, alone = beside_innocents(
+        server, lambda: server.post("/v1/completions", {**INNOCENT, "prompt": "x", "stop": ["boom"]}))
+    assert "injected stop-string fault" in failed_alone(r)["message"]
+    assert texts == alone
+
+
+def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_goes_on(server, monkeypatch):
+    real, armed = Verifier.chain, threading.Event()
+
+    def broken(self, *args, **kwargs):
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError("injected shared-pass fault")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "chain", broken)
+    out, started = [], threading.Event()
+    body = {**INNOCENT, "prompt": "in the failing batch", "max_tokens": 120}
+    t = threading.Thread(target=stream, args=(server.url, "/v1/completions", body, out, started))
+    t.start()
+    assert started.wait(60)
+    armed.set()
+    t.join(120)
+    status, events = out[0]
+    assert status == 200 and events[-1] == "[DONE]", events
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "batch_failed" and err["type"] == "server_error", err
+    assert "injected shared-pass fault" in err["message"] and "retry" in err["message"]
+    r = server.post("/v1/completions", {**INNOCENT, "prompt": "after the failure"})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop"), r.text
+    assert server.engine.alive
+
+
+def test_memory_is_given_back_when_a_large_request_ends_while_others_run(bundles, monkeypatch):
+    """glibc keeps the heap a long prompt's buffers grew (its logits with echo) unless asked: the engine trims
+    it between rounds once such a request ends, without waiting for the others to finish."""
+    from specc.serving import engine as engine_mod
+
+    calls: list[int] = []
+    s = Server(create_app(specc.load(bundles["long_lookup"]), name="tiny"))
+    monkeypatch.setattr(engine_mod, "trim", lambda: calls.append(len(s.engine.live)) or True)
+    try:
+        out, started = [], threading.Event()
+        body = {**INNOCENT, "prompt": "a long innocent stream", "max_tokens": 3000,
+                "logit_bias": {"256": -100}}  # no end-of-text (the byte tokenizer's 256): it runs until cancelled
+        t = threading.Thread(target=stream, args=(s.url, "/v1/completions", body, out, started))
+        t.start()
+        assert started.wait(60)
+        prompt = [(i * 37) % 250 + 1 for i in range(1500)]
+        r = s.post("/v1/completions", {**INNOCENT, "prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 1})
+        assert r.status_code == 200, r.text
+        streaming = [job for job in s.engine.live.values() if job.events_streamed]
+        assert streaming, "the stream ended before the large request"
+        s.engine.cancel(streaming[0])
+        t.join(60)
+        assert any(live for live in calls), calls  # trimmed while the stream still had its row
+    finally:
+        s.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..capture.graph import StepGraph
+from ..errors import ModelError
 from .base import GraphPass, has_output
 
 WEIGHT = "restricted_lm_head_weight"
@@ -32,7 +33,8 @@ def _lm_head(graph: StepGraph):
         if node.op != "call_function" or len(inputs) != 1:
             break
         node = inputs[0]
-    raise ValueError("the draft graph's logits do not come from a linear LM head this pass can restrict")
+    raise ModelError("draft.vocab: the draft graph's logits do not come from a linear LM head (through casts and "
+                     "logit scaling only), which is what restrict_draft_vocab can restrict; leave draft.vocab out")
 
 
 def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor:
@@ -54,7 +56,8 @@ class RestrictDraftVocab(GraphPass):
     def apply(self, graph: StepGraph) -> str:
         linear, weight = _lm_head(graph)
         if weight.op != "get_attr":
-            raise ValueError("the draft graph's LM head weight is not a constant of the graph")
+            raise ModelError("draft.vocab: the draft graph's LM head weight is not a constant of the graph; leave "
+                             "draft.vocab out")
         full = _attribute(graph.gm, weight.target)
         rows = torch.nn.Parameter(full.detach()[torch.tensor(self.ids)].clone(), requires_grad=False)
         graph.gm.register_parameter(WEIGHT, rows)

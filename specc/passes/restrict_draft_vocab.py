@@ -13,6 +13,8 @@ ensures:  output logits over the kept ids only, in ascending id order.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ..capture.graph import StepGraph
@@ -37,12 +39,6 @@ def _lm_head(graph: StepGraph):
                      "logit scaling only), which is what restrict_draft_vocab can restrict; leave draft.vocab out")
 
 
-def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor:
-    for part in target.split("."):
-        module = getattr(module, part)
-    return module
-
-
 class RestrictDraftVocab(GraphPass):
     """Keep the LM head's rows of `ids` (ascending token ids)."""
 
@@ -58,7 +54,7 @@ class RestrictDraftVocab(GraphPass):
         if weight.op != "get_attr":
             raise ModelError("draft.vocab: the draft graph's LM head weight is not a constant of the graph; leave "
                              "draft.vocab out")
-        full = _attribute(graph.gm, weight.target)
+        full = operator.attrgetter(weight.target)(graph.gm)
         rows = torch.nn.Parameter(full.detach()[torch.tensor(self.ids)].clone(), requires_grad=False)
         graph.gm.register_parameter(WEIGHT, rows)
         with graph.gm.graph.inserting_before(linear):

@@ -14,6 +14,8 @@ namespace specc {
 
 namespace {
 
+#include "attention_x86.inc"
+
 struct Lanes256x2 {
   struct reg {
     __m256 lo, hi;
@@ -46,16 +48,8 @@ struct Lanes256x2 {
     return _mm256_and_ps(a, _mm256_castsi256_ps(set));
   }
   static reg keep(uint32_t bits, reg a) { return {keep8(bits & 0xff, a.lo), keep8(bits >> 8, a.hi)}; }
-  static float hsum(reg a) {
-    const __m256 t8 = _mm256_add_ps(a.lo, a.hi);
-    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
-  }
-  static uint32_t nonzero16(const uint8_t* p) {
-    const __m128i zero = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
-    return static_cast<uint32_t>(_mm_movemask_epi8(zero)) ^ 0xffffu;
-  }
+  static float hsum(reg a) { return hsum_tree8(_mm256_add_ps(a.lo, a.hi)); }
+  static uint32_t nonzero16(const uint8_t* p) { return nonzero_bytes16(p); }
 };
 
 #include "attention_impl.inc"

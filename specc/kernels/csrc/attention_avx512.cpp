@@ -14,6 +14,8 @@ namespace specc {
 
 namespace {
 
+#include "attention_x86.inc"
+
 struct Lanes512 {
   using reg = __m512;
   static reg zero() { return _mm512_setzero_ps(); }
@@ -33,15 +35,9 @@ struct Lanes512 {
   }
   static reg keep(uint32_t bits, reg a) { return _mm512_maskz_mov_ps(static_cast<__mmask16>(bits), a); }
   static float hsum(reg a) {
-    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+    return hsum_tree8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
   }
-  static uint32_t nonzero16(const uint8_t* p) {
-    const __m128i zero = _mm_cmpeq_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
-    return static_cast<uint32_t>(_mm_movemask_epi8(zero)) ^ 0xffffu;
-  }
+  static uint32_t nonzero16(const uint8_t* p) { return nonzero_bytes16(p); }
 };
 
 #include "attention_impl.inc"

@@ -89,6 +89,47 @@ def test_a_query_has_the_same_bits_in_a_pass_of_any_size_and_any_cache_capacity(
             assert np.array_equal(kernels.cache_attention(**one, isa=isa), whole[:, :, j:j + 1]), (j, spare)
 
 
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6]  # a token tree: node 0 the root, siblings share a depth
+
+
+def _path(node: int) -> list[int]:
+    return _path(PARENTS[node]) + [node] if node >= 0 else []
+
+
+def _tree_case(isa_seed=0):
+    """A tree pass: node j at cache_len + its depth, its mask row its ancestors and itself (the tree mask)."""
+    t = len(PARENTS)
+    c = _case(b=2, t=t, cache_len=(11, 23), seed=isa_seed)
+    depth = np.array([len(_path(j)) - 1 for j in range(t)])
+    c["positions"] = c["cache_len"][:, None] + depth[None, :]
+    tree = np.zeros((t, t), bool)
+    for j in range(t):
+        tree[j, _path(j)] = True
+    c["mask"][:, :, :, -t:] = tree
+    return c
+
+
+@pytest.mark.parametrize("isa", ["scalar", "best"])
+def test_a_tree_node_has_the_bits_of_a_chain_along_its_path(isa):
+    """Each node of a token tree attends over the slots a chain pass of its path would, in the same order: a
+    verified tree path has target-only's bits. (A kernel that put new token s - cache_len in slot s, a chain's
+    layout, fails this from node 2 on.)"""
+    isa = kernels.best_isa() if isa == "best" else isa
+    c = _tree_case()
+    tree = kernels.cache_attention(**c, isa=isa)
+    for j in range(len(PARENTS)):
+        path = _path(j)
+        chain = dict(c, **{name: np.ascontiguousarray(c[name][:, :, path]) for name in ("q", "k_new", "v_new")})
+        chain["positions"] = c["cache_len"][:, None] + np.arange(len(path))[None, :]
+        chain["mask"] = np.concatenate([c["mask"][:, :, :len(path), :-len(PARENTS)],
+                                        np.broadcast_to(np.tril(np.ones((len(path),) * 2, bool)),
+                                                        (2, 1, len(path), len(path)))], axis=-1)
+        along = kernels.cache_attention(**chain, isa=isa)
+        assert np.array_equal(tree[:, :, j], along[:, :, -1]), j
+    for other in kernels.supported_isas():
+        assert np.array_equal(kernels.cache_attention(**c, isa=other), kernels.cache_attention(**c, isa="scalar"))
+
+
 def test_padding_copies_of_the_last_token_compute_its_values():
     c = _case(b=1, t=5, cache_len=(10,))
     c["positions"][0, 3:] = c["positions"][0, 2]  # three real tokens, two copies of the last

@@ -1,12 +1,13 @@
 """`specc bench --compare hf` end to end on tiny bundles, and how results report equality."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
-from specc.bench.run import SPECC_TARGET_ONLY, compare_tokens, load_bundles, specc_systems, summarise
+from specc.bench.run import SPECC_TARGET_ONLY, compare_tokens, load_bundles, specc_systems, summarise, target_build
 from specc.bench.hf import HFSystem
 from specc.bench.report import summary_table
 from specc.cli import main
@@ -94,6 +95,18 @@ def test_a_target_compiled_differently_is_its_own_reference(bundles):
     refs = {n: s.reference for n, s in systems.items() if s.speculative}
     assert refs[f"{wrong.bundle.path.name} [{wrong.draft_label}] chain k=2"] == own
     assert [r for n, r in refs.items() if not n.startswith(wrong.bundle.path.name)] == [None, None]
+
+
+def test_a_target_attending_another_way_is_another_build(bundles):
+    """A quantised chain graph on the CacheAttention kernel and a tree graph attending in float64 give other
+    near-ties: the bench must not compare one's outputs with the other's target-only."""
+    (draft,) = load_bundles([bundles["draft"]])
+    manifest = copy.deepcopy(draft.bundle.manifest)
+    plain = target_build(manifest)
+    manifest.graph("target").facts["weight_quant"] = {"attention_in_kernel": 28}
+    in_kernel = target_build(manifest)
+    manifest.graph("target").facts["weight_quant"] = {"attention_float64": 28}
+    assert len({plain, in_kernel, target_build(manifest)}) == 3 and "attention_float64 28" in target_build(manifest)
 
 
 def test_stop_below_measures_each_chain_at_each_threshold(bundles, prompts, tmp_path, capsys):

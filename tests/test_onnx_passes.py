@@ -407,7 +407,8 @@ def test_attention_with_cache_kernel_gives_a_row_the_same_bits_in_any_pass():
     """The CacheAttention operator in place of the Attention node: one node, no Concat of the cache; a token's row is
     the same bits in a 5-token pass, a 3-token pass, and the 1-token pass after the cache took the tokens before it
     (padded or not), whatever the capacity; the result is attention computed in float64. A head size the kernel does
-    not take is left to attend_at_cache_positions, and a tree graph as it is."""
+    not take is left to attend_at_cache_positions; a tree graph takes the kernel too (test_attention_kernel.py checks
+    a tree node against a chain along its path)."""
     import onnxruntime as ort
 
     from specc.backends.onnxruntime_backend import session_options
@@ -432,7 +433,7 @@ def test_attention_with_cache_kernel_gives_a_row_the_same_bits_in_any_pass():
     odd = _step_attention_graph(4, 2, 40)
     assert AttendWithCacheKernel()(odd) == {"attention_in_kernel": 0}
     assert AttendAtCachePositions()(odd) == {"attention_at_positions": 1}
-    assert AttendWithCacheKernel()(_step_attention_graph(hq, hkv, d, tree=True)) == {"attention_in_kernel": 0}
+    assert AttendWithCacheKernel()(_step_attention_graph(hq, hkv, d, tree=True)) == {"attention_in_kernel": 1}
 
 
 def test_attention_at_cache_positions_keeps_the_fused_operator_for_wide_passes():

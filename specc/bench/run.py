@@ -159,14 +159,25 @@ class SpeccSystem:
 
 
 def target_build(manifest) -> str:
-    """How a bundle's target was compiled: what its target-only output depends on beside the weights."""
+    """How a bundle's target was compiled: what its target-only output depends on beside the weights.
+
+    That includes how its quantised graph computes attention: a chain graph on specc's CacheAttention kernel and a
+    tree graph attending in float64 sum in other orders, and int8 activations turn those last bits into different
+    near-ties, so each form is a build of its own."""
     t = manifest.recipe.target
     blocks = {"int8-gemm": "", "int4-gemm": f" gguf_blocks {t.gguf_blocks}"}.get(
         t.quantize, f" block {t.block_size} acc {t.accuracy_level} gguf_blocks {t.gguf_blocks}")
     quant = (f"{t.quantize}{blocks}"
              + (f" requantize {','.join(t.gguf_requantize)}" if t.gguf_requantize else "")
              + (f" float {','.join(t.keep_float)}" if t.keep_float else "")) if t.quantize else "unquantised"
-    return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}"
+    graph = manifest.graph("target")
+    rewritten = (graph.facts.get("weight_quant") or {}) if graph is not None else {}
+    attention = "".join(f" {form} {rewritten[form]}" for form in ATTENTION_FORMS if rewritten.get(form))
+    return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}{attention}"
+
+
+# the manifest's counts of attention nodes a quantised graph computes one way or another (onnx_passes/)
+ATTENTION_FORMS = ("attention_in_kernel", "attention_at_positions", "attention_float64")
 
 
 def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0,

@@ -1,4 +1,4 @@
-"""attend_with_cache_kernel: a chain graph's `Attention` nodes over [cache ; new] keys become specc's
+"""attend_with_cache_kernel: a chain or tree graph's `Attention` nodes over [cache ; new] keys become specc's
 `ai.specc::CacheAttention`, one operator that reads each new key at its token's position without copying the cache
 (specc/kernels/csrc/attention.h).
 
@@ -6,17 +6,19 @@ attend_at_cache_positions gives a row the same bits in a pass of any size by wri
 each layer's cache and attending over the copy in a dozen small operators. On a few cores, those copies and the
 operators' dispatch are a large share of a decode step of a 4-bit model. The kernel keeps the same contract (a
 query's result depends on its own keys, values and mask row alone) and skips masked slots instead of computing them.
+In a token tree a node's slots hold its ancestors, so a verified path has a chain's bits without the float64
+attention compute_attention_in_fp64 would otherwise give tree graphs.
 It is part of specc's kernel library, which only the sessions of `target.quantize: int4-gemm` graphs register, so
 only their pipeline runs this pass.
 
-requires: nothing (a graph without `cache_len` and `position_ids` inputs, or with a `tree_mask` one, is left as it
-  is, and so are nodes whose head size is not a multiple of 16 up to 256: attend_at_cache_positions takes them).
-ensures:  in a chain graph, no Attention node over [cache ; new] keys whose head size the kernel takes.
+requires: nothing (a graph without `cache_len` and `position_ids` inputs is left as it is, and so are nodes whose
+  head size is not a multiple of 16 up to 256: attend_at_cache_positions or compute_attention_in_fp64 takes them).
+ensures:  in a graph with cache positions, no Attention node over [cache ; new] keys whose head size the kernel takes.
 """
 from __future__ import annotations
 
 from ..kernels import ATTENTION_OP, DOMAIN
-from .attend_at_cache_positions import cache_attention_parts, drop_unused_concats, is_chain_graph
+from .attend_at_cache_positions import cache_attention_parts, drop_unused_concats
 from .base import OnnxPass, OnnxProperty
 from .grouped_attention import replace_nodes, scale_of
 
@@ -40,22 +42,26 @@ def _kernel_takes(model, node) -> bool:
     return d is not None and d % LANES == 0 and d <= MAX_HEAD
 
 
+def _has_cache_positions(model) -> bool:
+    return {"cache_len", "position_ids"} <= {i.name for i in model.graph.input}
+
+
 def _none_left(model, _pass) -> bool:
-    return not is_chain_graph(model) or not any(_kernel_takes(model, n) for n in model.graph.node)
+    return not _has_cache_positions(model) or not any(_kernel_takes(model, n) for n in model.graph.node)
 
 
 class AttendWithCacheKernel(OnnxPass):
-    """Chain-graph attention over [cache ; new] onto one CacheAttention operator per layer."""
+    """Attention over [cache ; new] onto one CacheAttention operator per layer, in chain and tree graphs."""
 
     name = "attend_with_cache_kernel"
     ensures = (OnnxProperty("attention-in-kernel", _none_left,
-                            "no Attention over [cache ; new] keys the CacheAttention kernel takes left in a chain graph"),)
+                            "no Attention over [cache ; new] keys the CacheAttention kernel takes left"),)
 
     def apply(self, model) -> dict:
         """Manifest facts: {"attention_in_kernel": nodes replaced}."""
         from onnx import helper
 
-        if not is_chain_graph(model):
+        if not _has_cache_positions(model):
             return {"attention_in_kernel": 0}
 
         def rewrite(node) -> list | None:

@@ -1,10 +1,12 @@
-// CacheAttention: a chain pass's attention over the keys at their positions, without copying the cache.
+// CacheAttention: a chain or tree pass's attention over the keys at their positions, without copying the cache.
 //
 // A pass of T new tokens attends over the cache's S slots with the new tokens' keys and values standing in the slots
-// of their positions: slot s holds new token s - cache_len for cache_len <= s < end (end = the pass's last position
-// + 1; the copies of a row's last token that pad a short pass share its position) and the cache's own slot s
-// otherwise. The mask has a column per cached slot and per new token ([cache ; new], the exported graph's own), and
-// slot s reads the column of whichever of the two it holds.
+// of their positions. The mask has a column per cached slot and per new token ([cache ; new], the exported graph's
+// own). For a query, slot s with cache_len <= s < end (end = the pass's last position + 1) holds the first new token
+// at position s that the query's mask row allows, if any; every other slot holds the cache's own slot s, under its
+// mask column. In a chain that is new token s - cache_len (the copies of a row's last token that pad a short pass
+// share its position, and only those copies' own queries see two); in a token tree it is the query's ancestor at
+// that depth, so a node attends over exactly the slots, in the same order, that a chain along its path would.
 //
 // The arithmetic, for each query (batch row b, head h, token t), in this order (the scalar reference spells it out):
 //   for each slot s the mask allows, in order: score_s = dot(q, key_s) * scale, where dot is 16 lanes over D
@@ -45,6 +47,7 @@ struct AttentionScratch {
   std::vector<uint16_t> bits;    // [queries][slot blocks]: which lanes of a block the mask allows
   std::vector<float> top;        // [queries]: the largest score
   std::vector<float> total;      // [queries]: the sum of exp(score - largest)
+  std::vector<int32_t> fresh;    // [queries][fresh slots]: the new token standing in each, or -1
 };
 
 // An error message for arguments the kernel cannot take (shapes, positions outside the cache), or nullptr.

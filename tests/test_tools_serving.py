@@ -272,7 +272,7 @@ def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
     """RowRule.commit reports a refused token of a tool grammar as the structural tag's (not the schema's), and the
     server answers it with param tools."""
     from specc.runtime.rules import RowRule
-    from specc.serving.app import _request_failed
+    from specc.serving.failures import request_failed
     from test_tools import _tags
 
     _, model = served
@@ -282,7 +282,7 @@ def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
     x = model.tokenizer("x", add_special_tokens=False)["input_ids"][0]  # a call must open with "<tool_call>"
     message = rule.commit([x])
     assert message and message.startswith("structural_tag:"), message
-    error = _request_failed(message)
+    error = request_failed(message)
     assert error.status == 400 and error.body()["error"]["param"] == "tools"
 
 

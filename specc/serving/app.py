@@ -25,10 +25,10 @@ from starlette.requests import ClientDisconnect
 
 from ..errors import RequestError, SpeccError, escape_control
 from ..runtime.model import SpecModel
-from ..runtime.rules import ROW_FAILURE
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from . import process
+from .failures import request_failed as _request_failed
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools
@@ -382,16 +382,6 @@ def cache_domain(key_index: int | None, salt: str | None) -> bytes:
     if key_index is None and salt is None:
         return b""
     return json.dumps([key_index, salt]).encode()
-
-
-def _request_failed(message: str) -> APIError:
-    """This request failed alone while it ran: its schema, or its tools' grammar, admits no output from where it
-    got (400; runtime/rules.RowRule.commit says which in the message's first word), or its own processing
-    raised (500; runtime/rules.row_failure)."""
-    if message.startswith(ROW_FAILURE):
-        return APIError(500, message, type="server_error", code="request_failed")
-    param = "tools" if message.startswith("structural_tag") else "response_format"
-    return APIError(400, message, param, code="unsatisfiable_schema")
 
 
 def _shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:

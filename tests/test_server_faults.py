@@ -24,7 +24,7 @@ from specc.runtime.rules import BatchRules, RowFault, RowRule, row_failure  # no
 from specc.runtime.text import TextStream  # noqa: E402
 from specc.runtime.verifier import Verifier  # noqa: E402
 from specc.serving.app import create_app  # noqa: E402
-from specc.serving.failures import GENERIC, request_failed  # noqa: E402
+from specc.serving.row_failures import GENERIC, request_failed  # noqa: E402
 
 INNOCENT = {"model": "tiny", "max_tokens": 60, "temperature": 0}
 
@@ -216,7 +216,7 @@ def test_a_row_failure_is_answered_by_its_type_not_its_wording(server, monkeypat
 
 
 def test_failures_map_to_answers_by_type():
-    """serving/failures.py on its own: input at fault, 400 naming the API's field; everything else a 500 that
+    """serving/row_failures.py on its own: input at fault, 400 naming the API's field; everything else a 500 that
     shows no exception text."""
     dead_end = request_failed(UnsatisfiableOutputError("json_schema: no output", field="json_schema"))
     assert (dead_end.status, dead_end.param, dead_end.code) == (400, "response_format", "unsatisfiable_schema")

@@ -273,7 +273,7 @@ def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
     server answers it with param tools."""
     from specc.errors import UnsatisfiableOutputError
     from specc.runtime.rules import RowRule
-    from specc.serving.failures import request_failed
+    from specc.serving.row_failures import request_failed
     from test_tools import _tags
 
     _, model = served

@@ -28,7 +28,7 @@ from ..runtime.model import SpecModel
 from ..runtime.scheduler import StreamEvent
 from .engine import AsyncEngine, Failed, Job, ShuttingDown
 from . import process
-from .failures import request_failed as _request_failed
+from .row_failures import request_failed as _request_failed
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, choice, completion_object, logprobs_object,
                       new_id, parse_request, usage)
 from .tools import ToolReply, plan as plan_tools

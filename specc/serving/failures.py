@@ -10,8 +10,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import escape_control
-from ..runtime.rules import ROW_FAILURE
 from .engine import Failed, ShuttingDown
+from .row_failures import request_failed  # noqa: F401 (served from here beside the other failures)
 from .schemas import APIError
 
 Fail = Callable[..., JSONResponse]  # (status, body, headers=None): the error response, counted
@@ -39,16 +39,6 @@ def add_error_handlers(app: FastAPI, fail: Fail, log=print) -> None:
         log(f"specc serve: internal error on {escape_control(request.url.path)}: {type(exc).__name__}: "
             f"{escape_control(exc)}")
         return fail(500, APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").body())
-
-
-def request_failed(message: str) -> APIError:
-    """This request failed alone while it ran: its schema, or its tools' grammar, admits no output from where it
-    got (400; runtime/rules.RowRule.commit says which in the message's first word), or its own processing
-    raised (500; runtime/rules.row_failure)."""
-    if message.startswith(ROW_FAILURE):
-        return APIError(500, message, type="server_error", code="request_failed")
-    param = "tools" if message.startswith("structural_tag") else "response_format"
-    return APIError(400, message, param, code="unsatisfiable_schema")
 
 
 def shutdown_error(message: str = "the server is shutting down; retry on another instance") -> APIError:

@@ -134,7 +134,7 @@ class Service:
         try:
             params = self.model.sampling_params(req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p)
         except RequestError as exc:
-            raise APIError(400, str(exc), str(exc).split(" ")[0]) from None
+            raise APIError(400, str(exc), exc.field or str(exc).split(" ")[0]) from None
         # compiling a schema is the grammar library's work: off the event loop, like tokenising
         pool = self.heavy if large else self.light
         rules, tools = await asyncio.get_running_loop().run_in_executor(pool, self.request_rules, req, chat)
@@ -172,7 +172,7 @@ class Service:
                                     prompt_logprobs=not chat and req.echo and req.logprobs is not None,
                                     structural_tag=tools.tag if tools else None), tools
         except RequestError as exc:
-            field = str(exc).split(" ")[0].rstrip(":")
+            field = exc.field or str(exc).split(" ")[0].rstrip(":")
             field = {"json_schema": "response_format", "structural_tag": "tools",
                      "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
             raise APIError(400, str(exc), field) from None

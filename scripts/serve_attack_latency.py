@@ -100,14 +100,16 @@ def schema_report(server: LiveServer, args) -> dict:
             variant = {**schema, "title": f"attack {i}"} if name != "enum_60000" else schema  # the enum is refused by size
             gaps, status, seconds, left = gaps_beside(server, schema_attack(server, variant), args.streams, body)
             runs.append({"status": status, "s": seconds, "streams_went_on_s": left, "idle_largest_gap_s": max(idle),
-                         "largest_gap_s": max(gaps)})
+                         "largest_gap_s": max(gaps), "ratio_to_idle": max(gaps) / max(idle)})
         idle = statistics.median(r["idle_largest_gap_s"] for r in runs)
         beside = statistics.median(r["largest_gap_s"] for r in runs)
         ratio = beside / idle
         covered = all(r["streams_went_on_s"] > 0 for r in runs)
+        each = " ".join(f"{r['ratio_to_idle']:.2f}x" for r in runs)
         print(f"  {name:<15} answered {sorted({str(r['status']) for r in runs})} in "
               f"{statistics.median(r['s'] for r in runs):.3f} s; largest gap {idle:.3f} s alone, {beside:.3f} s beside "
-              f"it: {ratio:.2f}x" + ("" if covered else "  (the streams ended before its answer: raise --stream-tokens)"))
+              f"it: {ratio:.2f}x (each pair: {each})"
+              + ("" if covered else "  (the streams ended before its answer: raise --stream-tokens)"))
         out["attacks"][name] = {"runs": runs, "idle_largest_gap_s": idle, "largest_gap_s": beside, "ratio_to_idle": ratio,
                                 "streams_outlasted_it": covered}
     worst = max(a["ratio_to_idle"] for a in out["attacks"].values())

@@ -56,7 +56,17 @@ class BundleError(SpeccError):
 
 
 class RequestError(SpeccError):
-    """A generation request (prompt, limits, sampling settings) is invalid."""
+    """A generation request (prompt, limits, sampling settings) is invalid; `field`, when given, names the
+    setting at fault as the runtime calls it (json_schema, structural_tag, logit_bias, ...)."""
+
+    def __init__(self, message: object = "", details: Iterable[object] = (), *, field: str | None = None):
+        super().__init__(message, details)
+        self.field = field
+
+
+class UnsatisfiableOutputError(RequestError):
+    """A request's grammar (`field`: json_schema or structural_tag) admits no output from the point its
+    generation reached: the request's own input is at fault, however late it shows."""
 
 
 class BackendUnavailableError(SpeccError):

@@ -44,6 +44,7 @@ class DraftMethod:
     own_tree: Callable | None = None  # a tree_only method lays out its own tree: (its nodes, its name) from draft settings
     sized_trees: bool = False  # its node scores estimate acceptance: rounds verify as many nodes as pay (TreeSizer)
     stops: bool = False  # drafts one token at a time and can end a chain early (draft.stop_below)
+    ngram_lookup: bool = False  # drafts what followed an earlier occurrence of the context's last n-gram (draft.max_ngram)
     lookup_in_front: bool = False  # prompt lookup or the suffix drafter may draft first (draft.lookup, draft.suffix)
     front: str | None = None  # its name where it drafts in front of another method (an arm, a label's suffix)
     shares_target_cache: bool = False  # the draft graph reads the target's KV cache
@@ -97,7 +98,8 @@ for _method in (
                 trees=True, stops=True, lookup_in_front=True, own_cache=True, lazy_prefill=True),
     DraftMethod("early_exit", "exit", f"{_RUNTIME}.model:SharedCacheDrafter", fields=("layer", "adapter"),
                 requires=("layer",), trees=True, stops=True, lookup_in_front=True, shares_target_cache=True),
-    DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter", front="lookup", cost="lookup"),
+    DraftMethod("prompt_lookup", None, f"{_RUNTIME}.lookup:PromptLookupDrafter", ngram_lookup=True, front="lookup",
+                cost="lookup"),
     DraftMethod("suffix", None, f"{_RUNTIME}.suffix:SuffixDrafter", trees=True, sized_trees=True, front="suffix",
                 cost="lookup", settings=SUFFIX_SETTINGS),
     DraftMethod("lookahead", None, f"{_RUNTIME}.lookahead:LookaheadDrafter", trees=True, tree_only=True,

@@ -442,6 +442,26 @@ def test_prompt_lookup_in_front_of_a_drafter():
     assert {s["model_acceptance_rate"] for s in run.stats.values()} <= {None, 0.0}
 
 
+def test_suffix_in_front_counts_what_was_accepted_of_its_own_drafts():
+    """The real suffix drafter in front of an always right drafter: the verdicts of its own rounds reach it (its
+    cache's drafted and accepted figures, what /metrics exports, are those of the rounds it drafted), the model's
+    rounds' do not."""
+    from specc.runtime.drafters import FrontDrafter
+    from specc.runtime.drafters.base import with_method
+    from specc.runtime.drafters.suffix import GlobalSuffixCache, SuffixDrafter
+
+    inner, cache = TableDrafter(ALWAYS_RIGHT), GlobalSuffixCache(64, 4096, 32)
+    model = FakeModel(FrontDrafter(with_method(SuffixDrafter(cache, 32), "suffix"), inner), max_batch=4)
+    run = drive(model, requests(model, lengths=[30] * 8), k=3)
+    assert run.tokens == table_outputs(lengths=[30] * 8)
+    logged = [entry for row in inner.log.values() for entry in row]  # the model's rounds: (drafted, right)
+    model_drafted, model_accepted = sum(d for d, _ in logged), sum(r for _, r in logged)
+    drafted, accepted = (sum(s[key] for s in run.stats.values()) for key in ("drafted", "accepted"))
+    figures = cache.metrics()
+    assert 0 < figures["accepted"] == accepted - model_accepted and model_accepted > 0
+    assert figures["drafted"] == drafted - model_drafted
+
+
 def test_the_policys_arms_under_a_flipping_policy(monkeypatch):
     """k auto over lookup in front of a drafter: the policy takes the arms in turn ("model" drafts with the inner
     drafter even where lookup finds, "lookup" leaves rows it misses without drafts); output stays exact."""

@@ -4,8 +4,10 @@ traceback in the server's stderr, every 4xx an OpenAI JSON error, and the same g
 Bodies start from valid completions and chat requests and are changed field by field (odd values, unknown
 and refused fields) or byte by byte (cut, spliced, duplicated, bytes flipped), sent with odd content types
 and paths. Beside them: JSON schemas drawn at random (what a 200 returns as finished must validate with
-`jsonschema`), logprobs, penalties and logit_bias in combination, and the prefix cache's isolation between
-API keys and salts. Every response and every streamed event must be strict JSON (no NaN or Infinity).
+`jsonschema`), alone and with logit_bias, penalties, logprobs and n; logprobs, penalties and logit_bias in
+combination; and the prefix cache's isolation between API keys and salts, streamed or not, in chat too.
+Every response and every streamed event must be strict JSON (no NaN or Infinity), and a stream's error
+event (its last) is a request's own fault, never the server's.
 `pytest -m heavy tests/test_server_fuzz.py` runs a larger run (SPECC_FUZZ_EXAMPLES per test)."""
 from __future__ import annotations
 
@@ -96,10 +98,23 @@ def check(r: "httpx.Response", body) -> list[dict]:
     if r.headers["content-type"].startswith("text/event-stream"):
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", (body, r.text)
-        return [strict(e) for e in events[:-1]]
+        chunks = [strict(e) for e in events[:-1]]
+        failed = [i for i, c in enumerate(chunks) if "error" in c]
+        assert failed in ([], [len(chunks) - 1]), (body, r.text)  # an error event is a stream's last
+        if failed:  # a request's own input found at fault while it ran: never the server's failure
+            err = chunks[-1]["error"]
+            assert err["type"] == "invalid_request_error" and err["param"] and err["message"], (body, err)
+        return chunks
     out = strict(r.text)
     assert r.status_code == 200 and out["choices"], (body, r.text)
     return [out]
+
+
+def error_of(r: "httpx.Response", chunks: list[dict]) -> dict | None:
+    """The request's error: a 4xx's body, or the error event that ended its stream; None when it succeeded."""
+    if r.status_code >= 400:
+        return strict(r.text)["error"]
+    return chunks[-1]["error"] if chunks and "error" in chunks[-1] else None
 
 
 def send(s: LiveServer, path: str, data: bytes, ctype: str = "application/json") -> "httpx.Response":
@@ -156,7 +171,7 @@ def test_methods_paths_and_content_types(server, path, method, ctype):
                       headers={"content-type": ctype} if ctype else {}, timeout=60)
     assert r.status_code < 500, (method, path, ctype, r.text)
     if r.status_code >= 400:
-        assert r.json()["error"]["message"], r.text
+        assert strict(r.text)["error"]["message"], r.text
 
 
 @pytest.mark.heavy
@@ -225,36 +240,58 @@ def schema_format(schema) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
 
 
-def generated_text(chunks: list[dict], chat: bool, stream: bool) -> tuple[str, str | None]:
-    """The first choice's whole text and its finish reason, from a completion or its stream's events."""
-    texts, reason = [], None
+def choice_texts(chunks: list[dict], chat: bool, stream: bool) -> dict[int, tuple[str, str | None]]:
+    """Each choice's whole text and its finish reason, from a completion or its stream's events."""
+    out: dict[int, tuple[str, str | None]] = {}
     for c in chunks:
         for choice in c.get("choices", []):
-            if choice["index"]:
-                continue
             if chat:
                 part = (choice.get("delta") or {}).get("content") if stream else choice["message"]["content"]
             else:
                 part = choice["text"]
-            texts.append(part or "")
-            reason = choice.get("finish_reason") or reason
-    return "".join(texts), reason
+            text, reason = out.get(choice["index"], ("", None))
+            out[choice["index"]] = (text + (part or ""), choice.get("finish_reason") or reason)
+    return out
 
 
-def schema_case(s: LiveServer, schema: dict, chat: bool, stream: bool, seed: int) -> None:
-    """A 400 names response_format; a 200 that finished (stop) returns JSON that the schema accepts."""
+def validate_finished(chunks: list[dict], chat: bool, stream: bool, schema: dict) -> None:
+    """Every choice that finished on its own (stop, with no stop strings asked) is JSON the schema accepts."""
+    for text, reason in choice_texts(chunks, chat, stream).values():
+        event(f"200, finish_reason {reason}")  # --hypothesis-show-statistics: how many outputs were validated
+        if reason == "stop":
+            jsonschema.validate(strict(text), schema, cls=jsonschema.Draft202012Validator)
+
+
+def logprobs_fields(chat: bool, top: int | None) -> dict:
+    """`top` alternatives per token as each endpoint asks for them (None: no logprobs)."""
+    if top is None:
+        return {}
+    return {"logprobs": True, "top_logprobs": top} if chat else {"logprobs": top}
+
+
+# what a schema request may carry beside it: biases strong enough to steer the output into a grammar's dead
+# end, penalties, several choices (the grammar masks after all of them)
+BESIDE_SCHEMA = st.fixed_dictionaries({}, optional={
+    "logit_bias": st.dictionaries(st.integers(0, 259).map(str), st.sampled_from([-100, -5, 5, 100]), max_size=4),
+    "frequency_penalty": st.sampled_from([-2, 0.5, 2]), "presence_penalty": st.sampled_from([-2, 1]),
+    "repetition_penalty": st.sampled_from([0.5, 1.3]), "n": st.integers(1, 2)})
+
+
+def schema_case(s: LiveServer, schema: dict, chat: bool, stream: bool, seed: int, beside: dict | None = None,
+                top: int | None = None) -> None:
+    """A 400 (or a stream's error event: a dead end reached while it ran) names response_format; every choice
+    of a 200 that finished (stop) is JSON that the schema accepts; every logprob is finite and <= 0."""
     body = {**base(chat), "max_tokens": 40, "temperature": 1.0, "seed": seed, "stream": stream,
-            "response_format": schema_format(schema)}
+            "response_format": schema_format(schema), **(beside or {}), **logprobs_fields(chat, top)}
     r = send(s, PATHS[chat], json.dumps(body).encode())
     chunks = check(r, body)
-    if r.status_code >= 400:
-        assert r.status_code == 400 and strict(r.text)["error"]["param"] == "response_format", (schema, r.text)
-        event("400")
+    err = error_of(r, chunks)
+    if err is not None:
+        assert err["param"] == "response_format", (schema, body, err)
+        event("400" if r.status_code >= 400 else "error event: a dead end reached while streaming")
         return
-    text, reason = generated_text(chunks, chat, stream)
-    event(f"200, finish_reason {reason}")  # --hypothesis-show-statistics: how many outputs were validated
-    if reason == "stop":
-        jsonschema.validate(strict(text), schema, cls=jsonschema.Draft202012Validator)
+    assert all(-1e4 <= x <= 1e-4 for x in logprob_values(chunks, chat)), (body, r.text)
+    validate_finished(chunks, chat, stream, schema)
 
 
 @given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 3))
@@ -263,11 +300,19 @@ def test_generated_schemas(server, schema, chat, stream, seed):
     schema_case(server[0], schema, chat, stream, seed)
 
 
+@given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 3), beside=BESIDE_SCHEMA,
+       top=st.none() | st.integers(0, 3))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_generated_schemas_with_bias_penalties_and_logprobs(server, schema, chat, stream, seed, beside, top):
+    schema_case(server[0], schema, chat, stream, seed, beside, top)
+
+
 @pytest.mark.heavy
-@given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@given(schema=SCHEMAS, chat=st.booleans(), stream=st.booleans(), seed=st.integers(0, 2**32 - 1),
+       beside=BESIDE_SCHEMA, top=st.none() | st.integers(0, 3))
 @LARGE
-def test_generated_schemas_many(server, schema, chat, stream, seed):
-    schema_case(server[0], schema, chat, stream, seed)
+def test_generated_schemas_many(server, schema, chat, stream, seed, beside, top):
+    schema_case(server[0], schema, chat, stream, seed, beside, top)
 
 
 # -- logprobs, penalties and logit_bias together ------------------------------------------------------------------
@@ -300,18 +345,29 @@ def logprob_values(chunks: list[dict], chat: bool) -> list[float]:
     return out
 
 
+JSON_OBJECT = {"type": "object"}
+
+
 @given(chat=st.booleans(), chat_fields=CHAT_LOGPROBS, text_fields=TEXT_LOGPROBS)
 @SCHEMA_RUNS
 def test_logprobs_penalties_and_bias_together(server, chat, chat_fields, text_fields):
-    """Every combination answers 200 or a 400 naming its field; every logprob is a finite number <= 0."""
+    """Every combination answers 200 or a 400 (or a stream's error event) naming its field; every logprob is a
+    finite number <= 0; a choice that finished under response_format (no stop strings, no echo) follows it."""
     s, _ = server
     body = {**base(chat), "max_tokens": 8, **(chat_fields if chat else text_fields)}
     r = send(s, PATHS[chat], json.dumps(body).encode())
     chunks = check(r, body)
-    if r.status_code >= 400:
-        assert r.status_code == 400 and strict(r.text)["error"]["param"], (body, r.text)
+    err = error_of(r, chunks)
+    if err is not None:
+        assert err["param"], (body, err)
+        event(f"error naming {err['param']}")
         return
     assert all(isinstance(x, float | int) and -1e4 <= x <= 1e-4 for x in logprob_values(chunks, chat)), (body, r.text)
+    fmt = body.get("response_format", {"type": "text"})
+    if fmt["type"] != "text" and not body.get("stop") and not body.get("echo"):
+        validate_finished(chunks, chat, bool(body.get("stream")), fmt.get("json_schema", {}).get("schema", JSON_OBJECT))
+    else:
+        event("200")
 
 
 # -- the prefix cache's isolation domains --------------------------------------------------------------------------
@@ -333,22 +389,37 @@ def keyed(bundles, tmp_path_factory):
 SALTS = st.none() | st.sampled_from(["a", "b", "A", "a ", "\u00e9", "x" * 256]) | st.sampled_from(["", "x" * 257, 5, ["a"]])
 
 
-@given(visits=st.lists(st.tuples(st.sampled_from(KEYS), SALTS), min_size=1, max_size=5))
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+WAYS = ("completions", "stream", "chat")  # a streamed completion's prompt is the completion's: one cache entry
+
+
+def visit(prompt: str, way: str, salt) -> tuple[str, dict]:
+    """The path and body that send `prompt` one way, under `salt` (None: none)."""
+    body = {"model": "tiny", "max_tokens": 1, **({} if salt is None else {"cache_salt": salt})}
+    if way == "chat":
+        return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
+    if way == "stream":
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    return "/v1/completions", {**body, "prompt": prompt}
+
+
+@given(visits=st.lists(st.tuples(st.sampled_from(KEYS), SALTS, st.sampled_from(WAYS)), min_size=1, max_size=5))
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_prefix_cache_reuse_stays_within_key_and_salt(keyed, visits):
-    """The same prompt sent under several (key, salt) pairs: cached tokens only from an earlier visit of the
-    same pair; a salt that is not 1 to 256 characters is a 400 naming cache_salt."""
+    """The same prompt sent under several (key, salt) pairs, as a completion, a stream or a chat message: cached
+    tokens only from an earlier visit of the same pair that tokenised it the same way; a salt that is not 1 to
+    256 characters is a 400 naming cache_salt."""
     s, fresh = keyed
     prompt = f"{next(fresh):06d} " + "secret 4711 " * 12  # its own blocks: nothing cached from other examples
     seen = set()
-    for key, salt in visits:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, **({} if salt is None else {"cache_salt": salt})}
-        r = s.post("/v1/completions", body, authorization=f"Bearer {key}")
-        check(r, body)
+    for key, salt, way in visits:
+        path, body = visit(prompt, way, salt)
+        r = s.post(path, body, authorization=f"Bearer {key}")
+        chunks = check(r, body)
         if not (salt is None or isinstance(salt, str) and 1 <= len(salt) <= 256):
             assert r.status_code == 400 and strict(r.text)["error"]["param"] == "cache_salt", r.text
             continue
-        assert r.status_code == 200, r.text
-        cached = strict(r.text)["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert cached == (128 if (key, salt) in seen else 0), (visits, key, salt, cached)
-        seen.add((key, salt))
+        assert r.status_code == 200 and "usage" in chunks[-1], r.text
+        cached = chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        domain = (key, salt, way == "chat")
+        assert cached == (128 if domain in seen else 0), (visits, key, salt, way, cached)
+        seen.add(domain)

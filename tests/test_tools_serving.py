@@ -271,8 +271,9 @@ def test_compiling_a_tag_waits_at_most_the_timeout_and_caches(served, monkeypatc
 def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
     """RowRule.commit reports a refused token of a tool grammar as the structural tag's (not the schema's), and the
     server answers it with param tools."""
+    from specc.errors import UnsatisfiableOutputError
     from specc.runtime.rules import RowRule
-    from specc.serving.app import _request_failed
+    from specc.serving.row_failures import request_failed
     from test_tools import _tags
 
     _, model = served
@@ -280,9 +281,9 @@ def test_a_tool_grammar_dead_end_fails_its_own_request_naming_tools(served):
     rule = RowRule(rules, [1, 2], model.target.dims.vocab_size, model.grammars.tag_matcher(rules.structural_tag,
                                                                                            rules.grammar))
     x = model.tokenizer("x", add_special_tokens=False)["input_ids"][0]  # a call must open with "<tool_call>"
-    message = rule.commit([x])
-    assert message and message.startswith("structural_tag:"), message
-    error = _request_failed(message)
+    failure = rule.commit([x])
+    assert isinstance(failure, UnsatisfiableOutputError) and failure.field == "structural_tag", failure
+    error = request_failed(failure)
     assert error.status == 400 and error.body()["error"]["param"] == "tools"
 
 

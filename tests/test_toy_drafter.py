@@ -90,6 +90,25 @@ def test_the_recipe_reads_the_toys_capabilities(toy, models_dir):
             parse_recipe(recipe)
 
 
+def test_the_hf_baselines_read_the_toys_capabilities(toy, monkeypatch):
+    """`specc bench --compare hf` reads the row, not the name: no draft model, so no assisted system and a
+    note saying why; declared a prompt lookup (`ngram_lookup`), its recipe's draft.max_ngram sizes the hf
+    prompt lookup system's n-grams and the note points there."""
+    from dataclasses import replace
+
+    from specc.bench.hf import hf_systems
+
+    model = specc.load(toy)
+    systems, skipped = hf_systems([model], [2], model.tokenizer)
+    assert [s.name for s in systems] == ["hf target-only", "hf prompt lookup k=2"]
+    assert skipped == [{"system": "hf assisted", "bundle": toy.name, "reason": "draft.method toy: no draft model"}]
+    assert systems[1].kwargs["max_matching_ngram_size"] == 2  # transformers' default: no prompt-lookup bundle
+    monkeypatch.setitem(METHODS, "toy", replace(TOY, ngram_lookup=True))
+    systems, skipped = hf_systems([model], [2], model.tokenizer)
+    assert systems[1].kwargs["max_matching_ngram_size"] == model.bundle.recipe.draft.max_ngram == 3
+    assert skipped[0]["reason"].endswith("the comparable Hugging Face system is hf prompt lookup")
+
+
 def test_without_its_row_the_toy_bundle_is_refused(toy, monkeypatch):
     """A bundle whose draft method this specc does not know fails to load with an error naming it."""
     monkeypatch.delitem(METHODS, "toy")

@@ -12,6 +12,9 @@ greedy, batch 1, the same max_new_tokens and the bundle's EOS ids:
 - `hf prompt lookup k=K`: `prompt_lookup_num_tokens=K`, `max_matching_ngram_size` from a
   prompt-lookup bundle's `draft.max_ngram` (else transformers' default, 2).
 
+Which bundles get assisted systems (those whose draft graph is a separate model) and which the
+prompt lookup system takes its n-gram size from are read from the method table (specc/methods.py).
+
 The models' generation_config is replaced by a neutral one (EOS and pad ids only), so no
 repetition penalty or sampling default from a model card applies; specc applies none either.
 Acceptance of the speculative systems is recorded per round from the arguments transformers
@@ -30,14 +33,17 @@ from typing import Iterator
 
 import torch
 
+from ..methods import DraftMethod, get_method
 from ..runtime.stats import RowStats
 
 HF_TARGET_ONLY = "hf target-only"
-# bundles whose drafter is no separate model that transformers' assisted generation could load
-SKIP_ASSISTED = {
-    "quantized": "the drafter is the target's own quantised copy compiled into the bundle, not a separate model",
-    "early_exit": "the drafter is the target's first layers sharing its KV cache, not a separate model",
-    "prompt_lookup": "no draft model; the comparable Hugging Face system is hf prompt lookup",
+# why transformers' assisted generation cannot load a bundle's drafter, by its draft graph (specc/methods.py);
+# only a "model" graph is a separate model it could
+NOT_ASSISTED = {
+    "target": "the drafter is the target's own quantised copy compiled into the bundle, not a separate model",
+    "exit": "the drafter is the target's first layers sharing its KV cache, not a separate model",
+    "head": "the drafter is a learned head over the target's features, not a separate model",
+    None: "no draft model",
 }
 
 
@@ -117,12 +123,12 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
     skipped: list[dict] = []
     drafts: dict[str, list] = {}
     for m in models:
-        method, name = m.draft_method, m.bundle.path.name
-        if method == "model":
+        method = get_method(m.draft_method)
+        if method.graph == "model":
             drafts.setdefault(m.bundle.manifest.models["draft"], []).append(m)
-        elif method in SKIP_ASSISTED:
-            skipped.append({"system": "hf assisted", "bundle": name,
-                            "reason": f"draft.method {method}: {SKIP_ASSISTED[method]}"})
+        elif method.drafter is not None:
+            skipped.append({"system": "hf assisted", "bundle": m.bundle.path.name,
+                            "reason": f"draft.method {method.name}: {_not_assisted(method)}"})
 
     for source, users in drafts.items():
         draft = load_model(source, dtype, device).model
@@ -149,7 +155,7 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
                                         "num_assistant_tokens_schedule": "constant",
                                         "assistant_confidence_threshold": 0.0, **note}))
 
-    lookup = next((m for m in models if m.draft_method == "prompt_lookup"), None)
+    lookup = next((m for m in models if get_method(m.draft_method).ngram_lookup), None)
     ngram = lookup.bundle.recipe.draft.max_ngram if lookup else 2
     for k in k_values:
         systems.append(HFSystem(f"hf prompt lookup k={k}", target, eos_ids,
@@ -157,6 +163,12 @@ def hf_systems(models: list, k_values: list[int], tokenizer) -> tuple[list[HFSys
                                 settings={"api": "generate(prompt_lookup_num_tokens=...)", "prompt_lookup_num_tokens": k,
                                           "max_matching_ngram_size": ngram}))
     return systems, skipped
+
+
+def _not_assisted(method: DraftMethod) -> str:
+    """Why `hf assisted` has no system for a bundle of this method, and what compares with it instead."""
+    reason = NOT_ASSISTED[method.graph]
+    return f"{reason}; the comparable Hugging Face system is hf prompt lookup" if method.ngram_lookup else reason
 
 
 def _with_assisted_defaults(config, loaded):

@@ -326,6 +326,28 @@ def check_bench_settings(repeats: int, batch_size: int, stop_below: list[float],
                          "drop --max-batch")
 
 
+def measure(systems: list, model, prompts: list[list[int]], max_new_tokens: int, repeats: int,
+            progress: bool) -> dict[str, list]:
+    """Warm every system up, then run each on every prompt `repeats` times, alternating systems within each
+    repeat; each system's runs by name. model: the first bundle's (it encodes the warm-up prompts)."""
+    for s in systems:  # warm-up: first calls pay for allocation and kernel selection
+        s.run(prompts[:1], 4)
+    fits = min(map(len, prompts))  # a prompt this long fits the bundles at this budget: warm-up prompts keep their ends
+    warmup = [p[-fits:] for p in encode_prompts(model, warmup_items())]
+    for s in systems:  # and k auto learns its costs and acceptance on other prompts, as a running server has
+        if getattr(s, "adaptive", False):
+            s.run(warmup, max_new_tokens)
+    runs: dict[str, list] = {s.name: [] for s in systems}
+    with tqdm(total=repeats * len(systems), desc="bench", unit="system", file=sys.stderr,
+              disable=not progress) as bar:
+        for _ in range(repeats):
+            for s in systems:
+                bar.set_postfix_str(s.name)
+                runs[s.name].append(s.run(prompts, max_new_tokens))
+                bar.update()
+    return runs
+
+
 def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_values: list[int | str] = (), trees: list = (),
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
               compare: str | None = None, progress: bool = True, llamacpp: dict | None = None,
@@ -367,21 +389,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
 
         systems += server_systems(list(llamacpp_servers), sorted(models[0].eos_ids),
                                   LLAMACPP_TARGET_ONLY if compare == "llamacpp" else None)
-    for s in systems:  # warm-up: first calls pay for allocation and kernel selection
-        s.run(prompts[:1], 4)
-    fits = min(map(len, prompts))  # a prompt this long fits the bundles at this budget: warm-up prompts keep their ends
-    warmup = [p[-fits:] for p in encode_prompts(models[0], warmup_items())]
-    for s in systems:  # and k auto learns its costs and acceptance on other prompts, as a running server has
-        if getattr(s, "adaptive", False):
-            s.run(warmup, max_new_tokens)
-    runs: dict[str, list] = {s.name: [] for s in systems}
-    with tqdm(total=repeats * len(systems), desc="bench", unit="system", file=sys.stderr,
-              disable=not progress) as bar:
-        for _ in range(repeats):
-            for s in systems:
-                bar.set_postfix_str(s.name)
-                runs[s.name].append(s.run(prompts, max_new_tokens))
-                bar.update()
+    runs = measure(systems, models[0], prompts, max_new_tokens, repeats, progress)
     results = {
         "reference": systems[0].name, "compare": compare, "max_new_tokens": max_new_tokens, "prompts": len(items),
         "prompt_kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},

@@ -21,7 +21,7 @@ from ..speculation.tree import TreeShape
 from .engine import Engine
 from .grammar import Grammars, schema_text
 from .graphs import load_tokenizer
-from .rules import RowRule, Rules
+from .rules import RowFailure, RowRule, Rules
 from .scheduler import Scheduler, StreamEvent
 from .state import Request
 from .stats import RunStats
@@ -37,7 +37,8 @@ class Completion:
     stats: dict
     logprobs: list | None = None  # per token, when asked: (token, logprob, [(alternative, logprob)])
     prompt_logprobs: list | None = None
-    error: str | None = None  # finish_reason "error": why this request failed (its own rules, not the batch)
+    error: RowFailure | None = None  # finish_reason "error": why this request failed (its input or its own
+    # processing, not the batch; runtime/rules.py)
 
 
 class SpecModel(Engine):
@@ -68,7 +69,7 @@ class SpecModel(Engine):
         stats: dict[int, dict] = {}
         logprobs: dict[int, list] = {}
         prompt_logprobs: dict[int, list] = {}
-        errors: dict[int, str] = {}
+        errors: dict[int, RowFailure] = {}
         run = RunStats()
         for ev in self.stream([prompts] if single else prompts, run_stats=run, **kwargs):
             if ev.error is not None:

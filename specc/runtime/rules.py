@@ -15,7 +15,10 @@ reports). Prompt logprobs (echo) are the model's own, untransformed.
 
 A failure in one row's rules (an exception in its penalties, mask or logprobs, or a NaN left in its logits)
 stays with that row: BatchRules records it on the RowRule (`failure`), gives the row its untransformed
-logits so the batch's shared steps go on, and the Scheduler ends that request alone with the failure.
+logits so the batch's shared steps go on, and the Scheduler ends that request alone with the failure. A
+failure is typed (`RowFailure`): a RequestError is the request's own input at fault (its grammar admits no
+output from where it got, a value found bad only once it ran); anything else is a RowFault, whose message
+says nothing of the cause (that goes to the log, under the fault's reference).
 """
 from __future__ import annotations
 
@@ -23,24 +26,49 @@ import json
 import logging
 import math
 import numbers
+import uuid
 from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import RequestError
+from ..errors import RequestError, UnsatisfiableOutputError
 
 # a penalty p scales logits by 1/p or p: beyond these, float32 logits overflow to inf or collapse to ties
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (completions' logprobs stops at 5; serving checks that)
-ROW_FAILURE = "internal error in this request's own processing"  # how a row failure's message starts
 
 log = logging.getLogger("specc")
 
 
-def row_failure(exc: BaseException) -> str:
-    """The message a request that failed alone ends with (its traceback goes to the log)."""
-    log.error("a request failed in its own processing; it ends alone, the batch goes on", exc_info=exc)
-    return f"{ROW_FAILURE}: {type(exc).__name__}: {exc}"
+class RowFault(Exception):
+    """A request's own processing raised for a reason that is not its input's (a bug, a fault). The message is
+    generic, since the exception's text may show internals; the traceback is logged under `reference`."""
+
+    def __init__(self, reference: str):
+        super().__init__(f"internal error in this request's own processing (reference {reference} in the server's "
+                         "log); it ended alone, the requests beside it went on")
+        self.reference = reference
+
+
+RowFailure = RequestError | RowFault  # why a request ended alone (finish_reason "error")
+
+
+def row_failure(exc: BaseException) -> RowFailure:
+    """Why a request whose own processing raised `exc` fails alone: a RequestError as it is (its input is at
+    fault), anything else a RowFault whose traceback goes to the log."""
+    if isinstance(exc, RequestError):
+        return _detached(exc)
+    fault = RowFault(uuid.uuid4().hex[:12])
+    log.error("a request failed in its own processing (reference %s); it ends alone, the batch goes on",
+              fault.reference, exc_info=exc)
+    return fault
+
+
+def _detached(exc: RequestError) -> RequestError:
+    """`exc` without its traceback and chained exceptions: the request keeps its failure until it is answered,
+    and their frames would keep the round's tensors alive that long."""
+    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
+    return exc
 
 
 def _real(value) -> bool:
@@ -117,7 +145,7 @@ class RowRule:
 
     def __init__(self, rules: Rules, prompt: list[int], vocab: int, matcher=None):
         self.rules, self.prompt, self.vocab, self.matcher = rules, list(prompt), vocab, matcher
-        self.failure: str | None = None  # why this row's own rules failed (then never applied again)
+        self.failure: RowFailure | None = None  # why this row's own rules failed (then never applied again)
         self.bias = None
         if rules.logit_bias:
             self.bias = torch.zeros(vocab)
@@ -153,7 +181,7 @@ class RowRule:
             return False
         return m.accept_token(token)
 
-    def commit(self, tokens: list[int], stopped: bool = False) -> str | None:
+    def commit(self, tokens: list[int], stopped: bool = False) -> UnsatisfiableOutputError | None:
         """The row emitted these tokens, then a stop token when `stopped`: advance the grammar over them.
         Returns why the output breaks the grammar (it refused a token, or it stopped incomplete where the
         masks left nothing else), for the runtime to fail this request alone; None when it holds."""
@@ -162,14 +190,17 @@ class RowRule:
         what = "json_schema" if self.rules.structural_tag is None else "structural_tag"
         for t in tokens:
             if not self.matcher.accept_token(t):
-                return f"{what}: the grammar refused token {t} the target chose under its mask"
+                return UnsatisfiableOutputError(f"{what}: the grammar refused token {t} the target chose under its "
+                                                "mask", field=what)
         if stopped and not self.matcher.stop_allowed():
             if self.rules.structural_tag is not None:
-                return ("structural_tag: the output reached a point where the tool-call grammar allows no token the "
-                        "model can write, so no valid output exists from there")
-            return ("json_schema: the output reached a point where the schema allows only raw control characters, "
-                    "which compact JSON forbids (a pattern that needs a tab or newline inside a string is one), so "
-                    "no valid output exists from there")
+                return UnsatisfiableOutputError(
+                    "structural_tag: the output reached a point where the tool-call grammar allows no token the model "
+                    "can write, so no valid output exists from there", field=what)
+            return UnsatisfiableOutputError(
+                "json_schema: the output reached a point where the schema allows only raw control characters, which "
+                "compact JSON forbids (a pattern that needs a tab or newline inside a string is one), so no valid "
+                "output exists from there", field=what)
         return None
 
     def apply(self, logits: torch.Tensor, out: list[int], drafts: list[int], start: int = 0) -> torch.Tensor:

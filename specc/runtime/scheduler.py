@@ -27,7 +27,7 @@ from .prefill import Prefill
 from .prefix_cache import BLOCK as PREFIX_BLOCK, copy_blocks
 from .record import RoundRecord
 from .rounds import chain_round, plain_round, tree_round
-from .rules import row_failure
+from .rules import RowFailure, row_failure
 from .state import Batch, Request
 from .stats import RunStats
 
@@ -43,7 +43,8 @@ class StreamEvent:
     logprobs: list | None = None  # per token of token_ids: (token, logprob, [(alternative, logprob)]) when asked
     prompt_logprobs: list | None = None  # on the first event, when asked: the prompt's (the first token's logprob None)
     cached_tokens: int | None = None  # prompt tokens the prefix cache supplied, on the request's first event
-    error: str | None = None  # why the request failed (finish_reason "error"): its own rules broke, not the batch
+    error: RowFailure | None = None  # why the request failed alone (finish_reason "error"): its input or its own
+    # processing (runtime/rules.py), not the batch
 
 
 class Scheduler:

@@ -13,7 +13,7 @@ import torch
 
 from ..speculation.sampling import RowParams, SamplingParams
 from .kv_cache import KVCache
-from .rules import BatchRules, RowRule
+from .rules import BatchRules, RowFailure, RowRule
 from .stats import RowStats
 from .text import TextStream
 
@@ -35,7 +35,7 @@ class Request:
     draft_memo: dict = field(default_factory=dict)  # what a drafter keeps for this request whatever batch it is in
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     cache_domain: bytes = b""  # the prefix cache's isolation domain: prefixes are shared only within one
-    error: str | None = None  # why it failed (finish_reason "error"), e.g. its grammar reached a dead end
+    error: RowFailure | None = None  # why it failed (finish_reason "error"), e.g. its grammar reached a dead end
 
     @property
     def tokens(self) -> list[int]:

@@ -1,7 +1,8 @@
 """`specc serve`: an OpenAI-compatible HTTP server over one bundle (FastAPI, uvicorn, Prometheus).
 
-app.py (routes), schemas.py (request validation, response objects), engine.py (the Scheduler's
-worker thread and its fan-out to asyncio), metrics.py. Needs the `serve` extra:
+app.py (the app and its routes), service.py (what the routes answer), guard.py (API keys, the drain),
+schemas.py (request validation, response objects), engine.py (the Scheduler's worker thread and its
+fan-out to asyncio), metrics.py. Needs the `serve` extra:
 `pip install 'specc[serve]'`. docs/serving.md is the user's guide.
 """
 from __future__ import annotations

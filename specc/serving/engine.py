@@ -7,9 +7,10 @@ Scheduler between rounds, runs rounds while there is work, and posts every Strea
 job's asyncio.Queue with `call_soon_threadsafe`. A job's first message is `Admitted` (or an
 APIError: a prompt too long for the context), then its events. `cancel` (a client that went
 away) frees the rows at the next round. Nothing a request does can stop the thread: a request whose
-own processing fails (its rules, stop strings, text) ends alone with a 500 (runtime/rules.py); a round
-that fails as a whole answers the requests in its batch with an error and the engine goes on with a
-fresh Scheduler, which takes over the requests still waiting for a row.
+own processing fails (its rules, stop strings, text) ends alone, with a 400 when its input is at fault
+and a 500 otherwise (serving/row_failures.py); a round that fails as a whole answers the requests in its
+batch with an error and the engine goes on with a fresh Scheduler, which takes over the requests still
+waiting for a row.
 """
 from __future__ import annotations
 

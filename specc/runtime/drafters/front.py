@@ -16,10 +16,12 @@ class FrontDrafter(Drafter):
     """`front` drafts a round where it `covers` the batch (a continuation for every row), `model` the rest.
 
     The choice depends only on the contexts (and the suffix drafter's indexes), never on this round's noise,
-    and each round's q is what its drafts were drawn from, so acceptance stays exact. Every hook and every
-    capability of the method (its row: prompt features, a lazy prefill, trees, stops) is the model's, so the
-    model sees every verdict, lookup rounds' included: a draft model's cache catches up on their tokens in its
-    next round (ModelDrafter feeds whatever its cache lacks), an EAGLE head enters their features.
+    and each round's q is what its drafts were drawn from, so acceptance stays exact. Every capability of the
+    method (its row: prompt features, a lazy prefill, trees, stops) is the model's. Every hook goes to both:
+    the model sees every verdict, lookup rounds' included (a draft model's cache catches up on their tokens in
+    its next round, since ModelDrafter feeds whatever its cache lacks; an EAGLE head enters their features), and
+    so does the front (the suffix drafter counts what was accepted of its own drafts, and takes in each
+    finished output).
     """
 
     def __init__(self, front: Drafter, model: Drafter):
@@ -44,9 +46,11 @@ class FrontDrafter(Drafter):
         return self.front if self.front.covers(batch) else self.model
 
     def set_prefill_chunk(self, tokens: int) -> None:
+        self.front.set_prefill_chunk(tokens)
         self.model.set_prefill_chunk(tokens)
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
+        self.front.prefill(batch, ids, lengths, verdict)
         self.model.prefill(batch, ids, lengths, verdict)
 
     def behind(self, batch: Batch) -> list[int]:
@@ -60,6 +64,7 @@ class FrontDrafter(Drafter):
         return self.drafting(batch).propose_tree(batch, shape, params)
 
     def after_verify(self, batch: Batch, verdict) -> None:
+        self.front.after_verify(batch, verdict)
         self.model.after_verify(batch, verdict)
 
     def finished(self, seq: Request) -> None:

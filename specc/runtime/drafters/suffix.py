@@ -101,6 +101,7 @@ class SuffixDrafter(Drafter):
         matches = [self.match(s) for s in batch.seqs]
         drafts = [best_path(m.continuations, m.budget(plan.k)) if m.order else [] for m in matches]
         self.cache.note(matches, [len(d) for d in drafts])
+        self.mark_drafted(batch)
         return one_hot_proposal(drafts, [m.order if d else 0 for m, d in zip(matches, drafts)], params,
                                 self.vocab_size, batch.cache.lengths.device)
 
@@ -119,10 +120,23 @@ class SuffixDrafter(Drafter):
             trees.append(tree)
             drafted.append(tree.size)
         self.cache.note(matches, drafted)
+        self.mark_drafted(batch)
         return trees
 
+    def mark_drafted(self, batch: Batch) -> None:
+        """This round's drafts are the suffix drafter's, for every row (what `after_verify` counts)."""
+        for seq in batch.seqs:
+            seq.draft_memo[SOURCE].drafted_at = len(seq.tokens)
+
     def after_verify(self, batch: Batch, verdict) -> None:
-        self.cache.note_accepted(int(verdict.n_accepted.sum()))
+        """Counts the drafts accepted in rows it drafted this round: in front of a model (`FrontDrafter`) the
+        verdicts of the model's rounds reach it too, and those drafts are not the suffix cache's."""
+        accepted = 0
+        for seq, n in zip(batch.seqs, verdict.n_accepted.tolist()):
+            state = seq.draft_memo.get(SOURCE)
+            if state is not None and state.drafted_at == len(seq.tokens):  # the row has not moved on since
+                accepted += n
+        self.cache.note_accepted(accepted)
 
     def probe(self, batch: Batch, k: int) -> Callable[[], object]:
         seq = batch.seqs[0]

@@ -238,6 +238,7 @@ class RowSuffix:
         self.sid = cache.open()
         self.taken = 0  # tokens of the request in the local index
         self.shared = 0  # output tokens in the global cache
+        self.drafted_at = -1  # the request's length when the drafter last drafted for it (whose verdict is its own)
 
     def sync(self, seq: Request, cache: GlobalSuffixCache) -> None:
         tokens = seq.tokens

@@ -1,5 +1,5 @@
 """specc's own CPU kernels, one per x86 ISA, chosen at run time: int4 weights times int8 activations (Int4Gemm), and
-a chain pass's attention over the cache with its new keys at their positions (CacheAttention).
+a chain or tree pass's attention over the cache with its new keys at their positions (CacheAttention).
 
 The library (csrc/, built when the package installs) serves two callers: ONNX Runtime, as the custom operators
 `ai.specc::Int4Gemm` and `ai.specc::CacheAttention` of `target.quantize: int4-gemm` graphs (register_with), and Python

@@ -2,7 +2,7 @@
 // SPECC_KERNEL_ISA names (scalar, avx2, avxvnni, avx512vnni) where this CPU supports it:
 //   Int4Gemm: Y [..., N] = X [..., K] times a packed int4 weight (q4gemm.h). Inputs: X float, W uint8 (the packed
 //     bytes); attributes N, K, offsets (0 or 1), layout (kLayoutVersion).
-//   CacheAttention: a chain pass's attention over the cache with its new keys at their positions (attention.h).
+//   CacheAttention: a chain or tree pass's attention over the cache with its new keys at their positions (attention.h).
 //     Inputs: Q [B, Hq, T, D], K_new, V_new [B, Hkv, T, D], K_cache, V_cache [B, Hkv, S, D] float, mask bool
 //     [1|B, 1|Hq, T, S + T], cache_len int64 [B], position_ids int64 [B, T]; attribute scale; output [B, Hq, T, D].
 #include <cstdlib>

@@ -249,7 +249,7 @@ def test_a_row_failure_keeps_no_frames_alive(caplog):
     assert any(fault.reference in r.getMessage() for r in caplog.records)
 
 
-def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_goes_on(server, monkeypatch):
+def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_goes_on(server, monkeypatch, capsys):
     real, armed = Verifier.chain, threading.Event()
 
     def broken(self, *args, **kwargs):
@@ -270,7 +270,10 @@ def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_go
     assert status == 200 and events[-1] == "[DONE]", events
     err = json.loads(events[-2])["error"]
     assert err["code"] == "batch_failed" and err["type"] == "server_error", err
-    assert "injected shared-pass fault" in err["message"] and "retry" in err["message"]
+    assert "retry" in err["message"] and "injected" not in err["message"]  # the text stays in the log
+    reference = err["message"].split("reference ")[1].split(" ")[0]
+    logged = capsys.readouterr().out
+    assert f"round failed (reference {reference})" in logged and "injected shared-pass fault" in logged
     r = server.post("/v1/completions", {**INNOCENT, "prompt": "after the failure"})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop"), r.text
     assert server.engine.alive

@@ -19,6 +19,7 @@ import itertools
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 
 try:
@@ -270,10 +271,12 @@ class AsyncEngine(EngineThread):
 
     def abort(self, exc: Exception) -> None:
         """A round failed: every request in the batch (or being prefilled) gets the error; a fresh Scheduler
-        goes on, with the requests still waiting for a row, which never ran."""
-        self.log(f"specc serve: a round failed:\n{traceback.format_exc()}")
-        message = (f"the engine failed on the batch this request ran in: {type(exc).__name__}: {exc}; the server "
-                   "goes on, retry the request")
+        goes on, with the requests still waiting for a row, which never ran. Clients get a reference to the logged
+        traceback, not the exception's text, which may show internals (or another request's data)."""
+        reference = uuid.uuid4().hex[:12]
+        self.log(f"specc serve: a round failed (reference {reference}):\n{traceback.format_exc()}")
+        message = (f"the engine failed on the batch this request ran in (reference {reference} in the server's "
+                   "log); the server goes on, retry the request")
         waiting = list(self.scheduler.waiting)
         spared = {s.index for s in waiting}
         failed = {id(j): j for i, j in self.live.items() if i not in spared}

@@ -27,10 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +39,9 @@ try:  # the HTTP client the openai package depends on (httpx2 in openai >= 2.x, 
     import httpx2 as httpx
 except ImportError:
     import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_probe import LiveServer  # noqa: E402  (the launcher the server tests use)
 
 SYSTEM = ("You are a coding agent in a Python repository. Work with the tools: look at the code, make the change "
           "with write_file (the whole new file), run the tests, and when they pass reply with one sentence "
@@ -302,32 +302,11 @@ def conversation(episodes: list[list[Turn]]) -> list[list[dict]]:
 
 
 # -- servers and their counters --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(bundle: Path, speculative: bool, chat_template: Path | None, log_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(bundle: Path, speculative: bool, chat_template: Path | None, log_dir: Path) -> LiveServer:
     """`specc serve BUNDLE` on a free loopback port, once /health answers."""
-    port = free_port()
-    args = [sys.executable, "-m", "specc", "serve", str(bundle), "--port", str(port), "--name", "agent", "--no-verify"]
-    args += [] if speculative else ["--no-speculation"]
+    args = ["--no-verify"] + ([] if speculative else ["--no-speculation"])
     args += ["--chat-template", str(chat_template)] if chat_template else []
-    log = open(log_dir / f"specc-serve-{bundle.name}-{port}.log", "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(2400):
-        if proc.poll() is not None:
-            raise SystemExit(f"specc serve {bundle} exited; see {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.terminate()
-    raise SystemExit(f"specc serve {bundle} did not start; see {log.name}")
+    return LiveServer(bundle, log_dir / f"specc-serve-{bundle.name}.log", *args, name="agent", start_timeout=600)
 
 
 def counters(url: str) -> dict[str, float]:
@@ -360,7 +339,8 @@ def serve_and_run(bundle: Path, speculative: bool, args, script: list[list[dict]
     """Start a server, warm it up on texts outside the workload, run the episodes (live, or following the script),
     read its counters."""
     print(f"{bundle.name}{'' if speculative else ' (target-only)'}:", file=sys.stderr)
-    proc, url = start_server(bundle, speculative, args.chat_template, Path(args.log_dir))
+    server = start_server(bundle, speculative, args.chat_template, Path(args.log_dir))
+    url = server.url
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=1800)
         for text in WARMUP[:args.warmup]:
@@ -371,8 +351,7 @@ def serve_and_run(bundle: Path, speculative: bool, args, script: list[list[dict]
                             args.tool_choice, script[i] if script else None) for i in range(args.episodes)]
         after = counters(url)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.close()
     return episodes, {**passes(before, after), **suffix_counters(after)}
 
 

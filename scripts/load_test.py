@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,9 @@ try:  # the HTTP client the openai package depends on (httpx2 in openai >= 2.x, 
     import httpx2 as httpx
 except ImportError:
     import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_probe import LiveServer  # noqa: E402  (the launcher the server tests use)
 
 
 @dataclass
@@ -95,32 +96,12 @@ def _pct(values: list[float], p: float) -> float | None:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(bundle: Path, mode: str, k: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    args = [sys.executable, "-c", "import sys; from specc.cli import main; sys.exit(main(sys.argv[1:]))",
-            "serve", str(bundle), "--port", str(port), "--name", "bundle",
-            "--no-verify", "--max-queue", "1024"]
+def start_server(bundle: Path, mode: str, k: int) -> LiveServer:
+    """`specc serve BUNDLE` in one speculation mode on a free loopback port, once /health answers."""
+    args = ["--no-verify", "--max-queue", "1024"]
     args += {"auto": ["--k", "auto"], "fixed": ["--k", str(k)], "none": ["--no-speculation"]}[mode]
-    log = open(f"/tmp/specc-serve-{mode}-{port}.log", "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"specc serve ({mode}) exited; see {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.terminate()
-    raise SystemExit(f"specc serve ({mode}) did not start; see {log.name}")
+    return LiveServer(bundle, Path(tempfile.gettempdir()) / f"specc-serve-{mode}.log", *args, name="bundle",
+                      start_timeout=150)
 
 
 async def run_task(client: openai.AsyncOpenAI, task: Task, max_tokens: int, want: dict) -> Result:
@@ -251,7 +232,7 @@ def main() -> int:
     items = [{"prompt": it["prompt"], "chat": bool(it.get("chat"))} for it in items]
     del model
 
-    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    servers: dict[str, LiveServer] = {}
     rows = []
     try:
         for mode in args.modes:
@@ -259,7 +240,7 @@ def main() -> int:
         # warm-up, every mode alike: a long-running server's adaptive policy has learned its costs and the
         # drafter's acceptance long before; a fresh one learns them over its first few hundred rounds
         warmup = [Task("ok", items[i % len(items)]) for i in range(max(args.warmup, 1))]
-        for mode, (_, url) in servers.items():
+        for mode, url in ((m, server.url) for m, server in servers.items()):
             asyncio.run(run_level(url, mode, 1, warmup, args.max_new_tokens if args.warmup else 8, {}))
         offset = 0
         for c in args.concurrency:
@@ -270,14 +251,14 @@ def main() -> int:
             # percent over minutes here) would favour whichever mode runs first, so a level that holds
             # at least two rounds of its concurrency runs in slices (default two: A B C then C B A), and
             # each mode's figures cover all; a level that does not alternates the order with the next level.
-            order = list(servers.items())
+            order = [(m, server.url) for m, server in servers.items()]
             if len(rows) // len(order) % 2:
                 order = order[::-1]
             count = max(1, min(args.slices, n // c))
             parts = [tasks[i * n // count:(i + 1) * n // count] for i in range(count)]
             levels: dict[str, Level] = {}
             for i, part in enumerate(parts):
-                for mode, (_, url) in (order if i % 2 == 0 else order[::-1]):
+                for mode, url in (order if i % 2 == 0 else order[::-1]):
                     level = asyncio.run(run_level(url, mode, c, part, args.max_new_tokens, want))
                     levels.setdefault(mode, Level(mode, c, 0.0))
                     levels[mode].seconds += level.seconds
@@ -296,14 +277,12 @@ def main() -> int:
                     mean, se = paired_ratio(levels[a].slices, levels[b].slices)
                     print(f"c={c:<3} {a}/{b} {mean:.3f} +- {se:.3f} (mean of {count} slices +- standard error)", flush=True)
             # every server must still be healthy after the mix of bad requests and disconnects
-            for mode, (_, url) in servers.items():
+            for mode, url in ((m, server.url) for m, server in servers.items()):
                 assert httpx.get(url + "/health", timeout=5).status_code == 200, f"{mode} server unhealthy"
-        metrics = {mode: httpx.get(url + "/metrics", timeout=5).text for mode, (_, url) in servers.items()}
+        metrics = {mode: httpx.get(server.url + "/metrics", timeout=5).text for mode, server in servers.items()}
     finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-        for proc, _ in servers.values():
-            proc.wait(20)
+        for server in servers.values():
+            server.close(20)
     table = format_table(rows)
     print(table)
     problems = sum(len(r["problems"]) for r in rows)

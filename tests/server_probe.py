@@ -1,6 +1,6 @@
 """A real `specc serve` process on loopback, and the raw-socket clients that probe it (bodies cut off
 mid-upload, bodies larger than the cap): shared by tests/test_server_hardening.py, tests/test_server_fuzz.py
-and scripts/serve_attack_latency.py."""
+and the scripts that start servers (serve_attack_latency.py, load_test.py, agent_bench.py)."""
 from __future__ import annotations
 
 import json
@@ -23,14 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class LiveServer:
-    """`python -m specc.cli serve BUNDLE --port 0 ...` in a subprocess; stderr goes to a file the tests read."""
+    """`python -m specc.cli serve BUNDLE --port 0 --name NAME ...` in a subprocess, once /health answers; stderr
+    goes to a file the tests read."""
 
-    def __init__(self, bundle: Path, log: Path, *args: str, start_timeout: float = 120.0):
+    def __init__(self, bundle: Path, log: Path, *args: str, start_timeout: float = 120.0, name: str = "tiny"):
         self.log_path = log
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.stderr = open(log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "specc.cli", "serve", str(bundle), "--port", "0",
-                                      "--name", "tiny", *args], stdout=subprocess.DEVNULL, stderr=self.stderr,
+                                      "--name", name, *args], stdout=subprocess.DEVNULL, stderr=self.stderr,
                                      env=env, cwd=ROOT)
         end = time.monotonic() + start_timeout
         port = None
@@ -70,6 +71,16 @@ class LiveServer:
             self.proc.kill()
             self.proc.wait(10)
         self.stderr.close()
+
+    def close(self, timeout: float = 30) -> None:
+        """SIGTERM (the server drains), then kill what is left after `timeout` seconds."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.stop()
 
 
 def raw_request(port: int, head: str, body: bytes = b"", read: bool = True, timeout: float = 30.0) -> tuple[int, bytes]:

@@ -53,12 +53,17 @@ class RowFault(Exception):
 RowFailure = RequestError | RowFault  # why a request ended alone (finish_reason "error")
 
 
+def fault_reference() -> str:
+    """A fresh reference for a failure's log line: what a client is told instead of the failure's own text."""
+    return uuid.uuid4().hex[:12]
+
+
 def row_failure(exc: BaseException) -> RowFailure:
     """Why a request whose own processing raised `exc` fails alone: a RequestError as it is (its input is at
     fault), anything else a RowFault whose traceback goes to the log."""
     if isinstance(exc, RequestError):
         return _detached(exc)
-    fault = RowFault(uuid.uuid4().hex[:12])
+    fault = RowFault(fault_reference())
     log.error("a request failed in its own processing (reference %s); it ends alone, the batch goes on",
               fault.reference, exc_info=exc)
     return fault

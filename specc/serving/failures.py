@@ -11,7 +11,6 @@ from starlette.requests import ClientDisconnect
 
 from ..errors import escape_control
 from .engine import Failed, ShuttingDown
-from .row_failures import request_failed  # noqa: F401 (served from here beside the other failures)
 from .schemas import APIError
 
 Fail = Callable[..., JSONResponse]  # (status, body, headers=None): the error response, counted

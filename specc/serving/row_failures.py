@@ -23,6 +23,15 @@ def request_failed(failure: BaseException) -> APIError:
     return _internal(failure)
 
 
+def api_param(error: RequestError, chat: bool = False) -> str:
+    """The request field at fault, as the API calls it: the error's `field`, else its message's first word (every
+    check names its field first)."""
+    field = error.field or str(error).split(" ")[0].rstrip(":")
+    if field == "logprobs" and chat:
+        return "top_logprobs"
+    return API_PARAMS.get(field, field)
+
+
 def _input_at_fault(failure: RequestError) -> APIError:
     """400: the message names what is wrong; param the field, where the failure knows it."""
     code = "unsatisfiable_schema" if isinstance(failure, UnsatisfiableOutputError) else None

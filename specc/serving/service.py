@@ -26,9 +26,10 @@ from ..runtime.model import SpecModel
 from . import process
 from .body import parse_body
 from .engine import AsyncEngine, Failed, Job
-from .failures import api_error_of, request_failed, shutdown_error
+from .failures import api_error_of, shutdown_error
 from .guard import ServingState, drain
 from .reply import Reply
+from .row_failures import api_param, request_failed
 from .schemas import APIError, ChatCompletionRequest, CompletionRequest, choice
 from .tools import ToolPlan, ToolReply, plan as plan_tools
 
@@ -134,7 +135,7 @@ class Service:
         try:
             params = self.model.sampling_params(req.temperature, 0 if req.top_k == -1 else req.top_k, req.top_p)
         except RequestError as exc:
-            raise APIError(400, str(exc), exc.field or str(exc).split(" ")[0]) from None
+            raise APIError(400, str(exc), api_param(exc)) from None
         # compiling a schema is the grammar library's work: off the event loop, like tokenising
         pool = self.heavy if large else self.light
         rules, tools = await asyncio.get_running_loop().run_in_executor(pool, self.request_rules, req, chat)
@@ -172,10 +173,7 @@ class Service:
                                     prompt_logprobs=not chat and req.echo and req.logprobs is not None,
                                     structural_tag=tools.tag if tools else None), tools
         except RequestError as exc:
-            field = exc.field or str(exc).split(" ")[0].rstrip(":")
-            field = {"json_schema": "response_format", "structural_tag": "tools",
-                     "logprobs": "logprobs" if not chat else "top_logprobs"}.get(field, field)
-            raise APIError(400, str(exc), field) from None
+            raise APIError(400, str(exc), api_param(exc, chat)) from None
 
     async def next_item(self, job: Job, request: Request):
         """The job's next message; None (and the job cancelled) once the client has gone away, which is

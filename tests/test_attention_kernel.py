@@ -89,6 +89,56 @@ def test_a_query_has_the_same_bits_in_a_pass_of_any_size_and_any_cache_capacity(
             assert np.array_equal(kernels.cache_attention(**one, isa=isa), whole[:, :, j:j + 1]), (j, spare)
 
 
+def _alone(c, row: int, j: int):
+    """Token j of row `row` of a chain pass as a one-token pass, with tokens 0..j-1 committed to the cache."""
+    cl, s = int(c["cache_len"][row]), c["k_cache"].shape[2]
+    k_cache, v_cache = c["k_cache"][row:row + 1].copy(), c["v_cache"][row:row + 1].copy()
+    k_cache[:, :, cl:cl + j], v_cache[:, :, cl:cl + j] = c["k_new"][row:row + 1, :, :j], c["v_new"][row:row + 1, :, :j]
+    mask = np.zeros((1, c["mask"].shape[1], 1, s + 1), bool)
+    mask[..., :cl] = c["mask"][row:row + 1, :, j:j + 1, :cl]
+    mask[..., cl:cl + j] = True
+    mask[..., s] = True
+    return dict(q=c["q"][row:row + 1, :, j:j + 1], k_new=c["k_new"][row:row + 1, :, j:j + 1],
+                v_new=c["v_new"][row:row + 1, :, j:j + 1], k_cache=k_cache, v_cache=v_cache, mask=mask,
+                cache_len=np.array([cl + j]), positions=np.array([[cl + j]]), scale=c["scale"])
+
+
+@pytest.mark.parametrize("cache_len", [(32, 19), (0, 48)])
+@pytest.mark.parametrize("head_mask", [False, True])
+def test_a_prefill_chunk_gives_the_scalar_references_bits(cache_len, head_mask):
+    """A prefill chunk's pass: more queries than one tile of the kernel, runs of 16 cached slots and of 16 new tokens
+    (taken a block at a time), blocks across cache_len and the diagonal (slot by slot). Every ISA has the reference's
+    bits, a token has the bits it has alone, and the reference is attention."""
+    t = 70
+    c = _case(t=t, s=max(cache_len) + t + 9, cache_len=cache_len, d=128, head_mask=head_mask)
+    reference = kernels.cache_attention(**c, isa="scalar")
+    assert np.abs(reference - _float64_reference(c)).max() < 2e-6 * np.abs(reference).max()
+    for isa in kernels.supported_isas():
+        for threads in (1, 2):
+            assert np.array_equal(kernels.cache_attention(**c, isa=isa, threads=threads), reference), (isa, threads)
+        for row, j in ((0, 0), (0, 17), (1, 33), (1, t - 1)):
+            alone = kernels.cache_attention(**_alone(c, row, j), isa=isa)
+            assert np.array_equal(alone[0, :, 0], reference[row, :, j]), (isa, row, j)
+
+
+def test_a_chunk_padded_with_copies_of_its_last_token_keeps_its_bits():
+    """Padding (a copy of the last token at its position) takes the kernel off its chain path onto the per-query slot
+    map; the real tokens keep their bits."""
+    c = _case(b=1, t=40, s=100, cache_len=(32,), d=128)
+    padded = dict(c)
+    for name in ("q", "k_new", "v_new"):
+        padded[name] = np.concatenate([c[name]] + [c[name][:, :, -1:]] * 3, axis=2)
+    padded["positions"] = np.concatenate([c["positions"]] + [c["positions"][:, -1:]] * 3, axis=1)
+    mask = np.zeros((1, 1, 43, 100 + 43), bool)
+    mask[..., :43 - 3, :100 + 40] = c["mask"]
+    mask[..., 40:, :] = mask[..., 39:40, :]
+    padded["mask"] = mask
+    for isa in kernels.supported_isas():
+        out = kernels.cache_attention(**padded, isa=isa)
+        assert np.array_equal(out[:, :, :40], kernels.cache_attention(**c, isa=isa)), isa
+        assert np.array_equal(out[:, :, 40], out[:, :, 39]), isa
+
+
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6]  # a token tree: node 0 the root, siblings share a depth
 
 

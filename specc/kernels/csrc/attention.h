@@ -46,6 +46,7 @@ struct AttentionScratch {
   std::vector<float> scores;     // [queries][slots rounded up to lanes]: scores, then exp(score - max)
   std::vector<uint16_t> bits;    // [queries][slot blocks]: which lanes of a block the mask allows
   std::vector<float> top;        // [queries]: the largest score
+  std::vector<float> lanes_top;  // [queries][lanes]: the largest score of whole blocks' lanes
   std::vector<float> total;      // [queries]: the sum of exp(score - largest)
   std::vector<int32_t> fresh;    // [queries][fresh slots]: the new token standing in each, or -1
 };

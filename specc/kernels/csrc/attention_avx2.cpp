@@ -49,6 +49,25 @@ struct Lanes256x2 {
   }
   static reg keep(uint32_t bits, reg a) { return {keep8(bits & 0xff, a.lo), keep8(bits >> 8, a.hi)}; }
   static float hsum(reg a) { return hsum_tree8(_mm256_add_ps(a.lo, a.hi)); }
+  // The 16 trees at once: lanes i and i + 8 are a register's two halves; each later step adds the lanes the tree
+  // pairs (i and i + 4, i + 2, i + 1) of two registers side by side, inputs taken in the order that leaves lane j
+  // with register j's sum.
+  static reg hsums(const reg* d) {
+    constexpr int order[kLanes] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
+    __m256 t[kLanes], u[8], v[4], w[2];
+    for (int k = 0; k < kLanes; ++k) t[k] = _mm256_add_ps(d[order[k]].lo, d[order[k]].hi);
+    for (int m = 0; m < 8; ++m)
+      u[m] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * m], t[2 * m + 1], 0x20),
+                           _mm256_permute2f128_ps(t[2 * m], t[2 * m + 1], 0x31));
+    for (int m = 0; m < 4; ++m)
+      v[m] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int m = 0; m < 2; ++m)
+      w[m] = _mm256_add_ps(_mm256_shuffle_ps(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm256_shuffle_ps(v[2 * m], v[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return {w[0], w[1]};
+  }
+  static constexpr bool kWideRegisterFile = false;
   static uint32_t nonzero16(const uint8_t* p) { return nonzero_bytes16(p); }
 };
 

@@ -37,6 +37,26 @@ struct Lanes512 {
   static float hsum(reg a) {
     return hsum_tree8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
   }
+  // The 16 trees at once: each step adds the lanes the tree pairs (i and i + 8, i + 4, i + 2, i + 1) of two registers
+  // side by side, inputs taken in the order that leaves lane j with register j's sum.
+  static reg hsums(const reg* d) {
+    constexpr int order[kLanes] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    __m512 l1[8], l2[4], l3[2];
+    for (int m = 0; m < 8; ++m) {
+      const __m512 a = d[order[2 * m]], b = d[order[2 * m + 1]];
+      l1[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int m = 0; m < 4; ++m)
+      l2[m] = _mm512_add_ps(_mm512_shuffle_f32x4(l1[2 * m], l1[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(l1[2 * m], l1[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int m = 0; m < 2; ++m)
+      l3[m] = _mm512_add_ps(_mm512_shuffle_ps(l2[2 * m], l2[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_ps(l2[2 * m], l2[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(l3[0], l3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  static constexpr bool kWideRegisterFile = true;
   static uint32_t nonzero16(const uint8_t* p) { return nonzero_bytes16(p); }
 };
 

@@ -52,6 +52,8 @@ struct LanesScalar {
     for (int i = 0; i < 2; ++i) t[i] = t[i] + t[i + 2];
     return t[0] + t[1];
   }
+  static reg hsums(const reg* d) { return each([d](int j) { return hsum(d[j]); }); }
+  static constexpr bool kWideRegisterFile = false;
   static uint32_t nonzero16(const uint8_t* p) {
     uint32_t bits = 0;
     for (int i = 0; i < kLanes; ++i) bits |= static_cast<uint32_t>(p[i] != 0) << i;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specc.runtime.adaptive import AdaptiveK, RoundRecord
+from specc.runtime.adaptive import PROBE_SHARE, AdaptiveK, RoundRecord
 
 
 def _feed(policy: AdaptiveK, rows: list[int], k: int, accepted: int, seconds: float, draft: float = 0.0) -> None:
@@ -90,16 +90,39 @@ def test_drafting_must_promise_a_margin(min_gain, expect_drafting):
     assert (policy.choose(rows).k > 0) == expect_drafting
 
 
-def test_a_lone_row_needs_no_margin():
-    """At batch 1 an idle probe takes the row in a few plain rounds later anyway (its catch-up is paid either
-    way), so drafting that promises ~8% more than plain decoding runs at once despite a 1.1 margin."""
-    policy = AdaptiveK(5, min_gain=1.1)
+def _lone_row_with_a_measured_catch_up(policy: AdaptiveK) -> None:
+    """Plain rounds of 10 ms, drafting rounds of one accepted draft at 18.5 ms (~8% more tokens a second) and
+    a catch-up that cost 1 ms a token."""
     for _ in range(8):
         _feed(policy, [0], 0, 0, 0.010)
         _feed(policy, [0], 1, 1, 0.0185)
+    policy.observe(RoundRecord([0], 1, [1], [1], 0.0, 0.0185, 0.0185, catch_up_seconds=0.1, catch_up_tokens=100))
+
+
+@pytest.mark.parametrize(("behind", "drafts"), [(0, True), (5, True), (200, False)])
+def test_a_lone_row_needs_a_margin_only_while_it_owes_a_catch_up(behind, drafts):
+    """Drafting that promises ~8% more than plain decoding runs at once for a lone row the draft has taken in (or
+    nearly: 5 ms of catch-up, under a plain round's 10), but not for one it must first take 200 tokens of, even
+    with its catch-up spread over 100,000 tokens: had the gain been an estimate's error, the catch-up would be lost."""
+    policy = AdaptiveK(5, min_gain=1.1)
+    _lone_row_with_a_measured_catch_up(policy)
     rates = policy.rates([0])
     assert 1.0 < max(rates[k] for k in range(1, 6)) / rates[0] < 1.1
-    assert policy.choose([0]).k > 0
+    assert (policy.choose([0], remaining=[100_000], behind={"draft": [behind]}).k > 0) == drafts
+
+
+@pytest.mark.parametrize(("behind", "first_probe"), [(0, 3), (100, 199)])
+def test_a_lone_row_is_probed_when_the_catch_up_fits_a_share_of_the_plain_rounds(behind, first_probe):
+    """A probe of a lone row takes it in: with 100 tokens to take in at 1 ms each (0.1 s), the first idle probe
+    waits until the plain rounds since the draft last ran (10 ms each) add up to 0.1 s / PROBE_SHARE; with nothing
+    to take in, it comes after probe_idle rounds."""
+    policy = AdaptiveK(5, probe_idle=4)
+    _lone_row_with_a_measured_catch_up(policy)
+    for _ in range(20):
+        _feed(policy, [0], 2, 0, 0.030)  # drafting stopped paying
+    ks = [policy.choose([0], remaining=[64], behind={"draft": [behind]}).k for _ in range(300)]
+    assert ks.index(next(k for k in ks if k)) == first_probe, ks[:8]
+    assert PROBE_SHARE == 0.05
 
 
 def _arm_round(policy: AdaptiveK, arm: str, k: int, drafted: list[int], accepted: list[int], seconds: float) -> None:

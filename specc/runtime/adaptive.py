@@ -11,7 +11,8 @@ the batch's tokens per second, tokens(k) / T(B, k), and plans the best (`Adaptiv
   plus the catch-up an arm owes a row (`Drafter.behind`) spread over the row's remaining tokens.
 - a margin (MIN_GAIN_LAZY_PREFILL) for arms that pay a draft prefill, early stops at the price of one
   more draft (`stop_threshold`), and probes that keep the estimates fresh: around the best k, of other
-  arms, and of drafting at growing gaps while plain decoding wins.
+  arms, and of drafting at growing gaps while plain decoding wins (for a lone row, no more often than
+  its catch-up fits PROBE_SHARE of the plain rounds' time).
 
 The choice depends only on finished rounds and the context so far, never on the current round's noise,
 so every round is an ordinary lossless round. docs/architecture.md ("k auto") has the whole model.
@@ -29,6 +30,7 @@ MIN_GAIN_LAZY_PREFILL = 1.1  # a draft model's catch-up pays only if it keeps dr
 PLAIN_DECAY = 0.8  # plain rounds are measured now and then: weigh the recent ones
 PLAIN_PROBE_WITHIN = 1.25  # while drafting wins, k = 0 is probed only where the best k promises less than this times it
 MAX_STOP = 0.95  # a chain-probability threshold above this would end nearly every chain at its first draft
+PROBE_SHARE = 0.05  # idle probes of a lone row spend at most this share of plain decoding's time on catch-ups
 
 
 class CostLine:
@@ -131,16 +133,22 @@ class AdaptiveK:
         if able and (b in self.plain or any(b in st.lines for st in self.stats.values())):
             rates = {a: self.rates(rows, a, remaining, (behind or {}).get(a), (finds or {}).get(a)) for a in self.arms}
             plain = rates[arm][0]
+            plain_seconds = b / plain
+            # seconds of catch-up each arm owes these rows before it can draft for them (0 until it has measured one)
+            owed = {a: self.stats[a].catch_up_cost() * sum((behind or {}).get(a) or ()) for a in self.arms}
             best_k = {a: max(range(1, self.k_max + 1), key=r.get) for a, r in rates.items()}
-            # the arm whose best k promises the most over its margin (a gain within what its estimates leave out);
-            # none for a lone row, whose catch-up an idle probe pays a few plain rounds later anyway
-            margin = {a: self.min_gain[a] if b > 1 else 1.0 for a in self.arms}
+            # the arm whose best k promises the most over its margin (a gain within what its estimates leave out,
+            # which a catch-up paid for rounds that then do not draft would lose); a lone row owing no more than a
+            # plain round of catch-up needs none
+            margin = {a: self.min_gain[a] if b > 1 or owed[a] > plain_seconds else 1.0 for a in self.arms}
             arm = max(able, key=lambda a: rates[a][best_k[a]] / margin[a])
             if rates[arm][best_k[arm]] >= margin[arm] * plain:
                 best = best_k[arm]
             # plain decoding learns nothing: while k = 0 wins, an arm that has not drafted at this batch size for
-            # its gap of rounds drafts once (other arms' drafting rounds do not count for it)
-            due = [a for a in able if self.idle.get((b, a), 0) + 1 >= self.idle_gap.get((b, a), self.probe_idle)]
+            # its gap of rounds drafts once (other arms' drafting rounds do not count for it). A probe of a lone row
+            # takes it in, so its catch-up must fit PROBE_SHARE of the plain rounds since the arm last drafted.
+            due = [a for a in able if self.idle.get((b, a), 0) + 1 >= self.idle_gap.get((b, a), self.probe_idle)
+                   and (b > 1 or owed[a] <= PROBE_SHARE * (self.idle.get((b, a), 0) + 1) * plain_seconds)]
             if best == 0 and due:
                 arm = due[self.idle_probes % len(due)]
                 best = best_k[arm]

@@ -2,6 +2,7 @@
 #include "q4gemm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "threadpool.h"
@@ -71,6 +72,11 @@ Quantizer quantizer_for(Isa isa) {
   return quantize_rows;
 }
 
+// Outputs of at least this many bytes are written around the caches: a prefill chunk's output (a wide layer's, 256
+// rows by some 10,000 columns) is larger than a core's cache, and written through it each line is first read in and
+// then evicts the activations and weights the kernel still reads.
+constexpr int64_t kStreamBytes = int64_t{2} << 20;
+
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d, dsum;
@@ -96,7 +102,11 @@ void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& 
   const PanelKernel kernel = kernel_for(isa);
   const int64_t panels = l.panels();
   const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, panels)));
-  shared_pool().run(tasks, [&](int i) { kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, y, l.n); });
+  const bool stream = m * l.n * static_cast<int64_t>(sizeof(float)) >= kStreamBytes &&
+                      reinterpret_cast<uintptr_t>(y) % 64 == 0 && l.n % kPanel == 0;
+  shared_pool().run(tasks, [&](int i) {
+    kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, y, l.n, stream);
+  });
 }
 
 }  // namespace specc

@@ -57,15 +57,19 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
 Isa best_isa();
 
-// y[0..m) x columns of panels [p0, p1): y has row stride ldy; columns past n are not written.
+// y[0..m) x columns of panels [p0, p1): y has row stride ldy; columns past n are not written. stream: write y's whole
+// lines around the caches (non-temporal stores; y and ldy then 64-byte aligned), for outputs larger than the caches.
 using PanelKernel = void (*)(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
-                             int64_t p1, float* y, int64_t ldy);
+                             int64_t p1, float* y, int64_t ldy, bool stream);
 
-void gemm_panels_scalar(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
-void gemm_panels_avx2(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
-void gemm_panels_avxvnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t);
+void gemm_panels_scalar(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t,
+                        bool);
+void gemm_panels_avx2(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t,
+                      bool);
+void gemm_panels_avxvnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*,
+                         int64_t, bool);
 void gemm_panels_avx512vnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*,
-                            int64_t);
+                            int64_t, bool);
 
 // Activation quantiser (the same bits on every ISA): rows [m0, m1) of x [*, k] into q, d and dsum as QuantizedRows
 // lays them out.

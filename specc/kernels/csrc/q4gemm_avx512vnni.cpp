@@ -34,7 +34,7 @@ inline __m512 half16(const uint8_t* p) {
 // stream stays ahead of the arithmetic.
 template <int MR, int NC>
 void panel_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, const Q4Layout& l, float* y, int64_t ldy,
-                int64_t n0, Window ahead) {
+                bool stream, int64_t n0, Window ahead) {
   const int64_t nb = l.blocks(), kb = nb * kBlock, stride = l.panel_bytes(), nibbles = l.nibble_bytes();
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512 acc[MR][NC];  // touched once a superblock: the compiler may keep it in memory when registers run short
@@ -84,8 +84,11 @@ void panel_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, const 
   for (int c = 0; c < NC; ++c) {
     const int64_t n = n0 + c * kPanel, cols = std::min<int64_t>(kPanel, l.n - n);
     const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
-    for (int r = 0; r < MR; ++r)
-      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + n, keep, _mm512_add_ps(acc[r][c], o[r][c]));
+    for (int r = 0; r < MR; ++r) {
+      float* out = y + (r0 + r) * ldy + n;
+      if (stream && cols == kPanel) _mm512_stream_ps(out, _mm512_add_ps(acc[r][c], o[r][c]));
+      else _mm512_mask_storeu_ps(out, keep, _mm512_add_ps(acc[r][c], o[r][c]));
+    }
   }
 }
 
@@ -93,20 +96,20 @@ void panel_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, const 
 // cover vpdpbusd's latency), more rows two panels at a time.
 template <int MR>
 void group_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, int64_t g, const Q4Layout& l, float* y,
-                int64_t ldy, int64_t n0, Window ahead) {
+                int64_t ldy, bool stream, int64_t n0, Window ahead) {
   if (MR == 1) {
     switch (g) {
-      case 4: return panel_rows<1, 4>(a, r0, panel, l, y, ldy, n0, ahead);
-      case 3: return panel_rows<1, 3>(a, r0, panel, l, y, ldy, n0, ahead);
-      case 2: return panel_rows<1, 2>(a, r0, panel, l, y, ldy, n0, ahead);
-      default: return panel_rows<1, 1>(a, r0, panel, l, y, ldy, n0, ahead);
+      case 4: return panel_rows<1, 4>(a, r0, panel, l, y, ldy, stream, n0, ahead);
+      case 3: return panel_rows<1, 3>(a, r0, panel, l, y, ldy, stream, n0, ahead);
+      case 2: return panel_rows<1, 2>(a, r0, panel, l, y, ldy, stream, n0, ahead);
+      default: return panel_rows<1, 1>(a, r0, panel, l, y, ldy, stream, n0, ahead);
     }
   }
   const int64_t calls = (g + 1) / 2;
   for (int64_t c = 0; c < g; c += 2) {
     const Window share = ahead.part(c / 2, calls);
-    if (g - c >= 2) panel_rows<MR, 2>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, n0 + c * kPanel, share);
-    else panel_rows<MR, 1>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, n0 + c * kPanel, share);
+    if (g - c >= 2) panel_rows<MR, 2>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, stream, n0 + c * kPanel, share);
+    else panel_rows<MR, 1>(a, r0, panel + c * l.panel_bytes(), l, y, ldy, stream, n0 + c * kPanel, share);
   }
 }
 
@@ -119,7 +122,7 @@ inline int64_t chunk_rows(int64_t left) {
 }  // namespace
 
 void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
-                            int64_t p1, float* y, int64_t ldy) {
+                            int64_t p1, float* y, int64_t ldy, bool stream) {
   for (int64_t p = p0; p < p1; p += kGroup) {
     const int64_t g = std::min(kGroup, p1 - p), n0 = p * kPanel;
     const uint8_t* panel = w + p * l.panel_bytes();
@@ -128,16 +131,17 @@ void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w,
       const int64_t rows = chunk_rows(m - r);
       const Window ahead = r == 0 ? next : Window{};
       switch (rows) {
-        case 6: group_rows<6>(a, r, panel, g, l, y, ldy, n0, ahead); break;
-        case 5: group_rows<5>(a, r, panel, g, l, y, ldy, n0, ahead); break;
-        case 4: group_rows<4>(a, r, panel, g, l, y, ldy, n0, ahead); break;
-        case 3: group_rows<3>(a, r, panel, g, l, y, ldy, n0, ahead); break;
-        case 2: group_rows<2>(a, r, panel, g, l, y, ldy, n0, ahead); break;
-        default: group_rows<1>(a, r, panel, g, l, y, ldy, n0, ahead); break;
+        case 6: group_rows<6>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
+        case 5: group_rows<5>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
+        case 4: group_rows<4>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
+        case 3: group_rows<3>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
+        case 2: group_rows<2>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
+        default: group_rows<1>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
       }
       r += rows;
     }
   }
+  if (stream) _mm_sfence();  // the streamed lines reach memory before whoever reads y next
 }
 
 #pragma GCC pop_options

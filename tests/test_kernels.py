@@ -48,6 +48,16 @@ def test_every_isa_gives_the_scalar_references_bits(n, k, form):
             assert np.array_equal(kernels.gemm(x, w, isa, threads), reference), (isa, threads)
 
 
+def test_an_output_written_around_the_caches_has_the_references_bits():
+    """A prefill chunk's output through a wide layer (2 MB and more) is written with non-temporal stores."""
+    w = pack_int4(_weights(8192, 64, "offsets"))
+    x = _activations(64, 64)
+    y = kernels.gemm(x, w, "scalar")
+    assert y.nbytes >= 2 << 20 and y.ctypes.data % 64 == 0
+    for isa in kernels.supported_isas():
+        assert np.array_equal(kernels.gemm(x, w, isa, 2), y), isa
+
+
 @pytest.mark.parametrize("form", ["symmetric", "offsets"])
 def test_the_reference_multiplies_int8_activations_by_the_packed_weight(form):
     bw = _weights(48, 200, form)

@@ -119,6 +119,15 @@ def register_with(session_options) -> None:
     session_options.register_custom_ops_library(str(library_path()))
 
 
+def _aligned_empty(shape: tuple[int, int]) -> np.ndarray:
+    """A float32 array on a 64-byte boundary, as ONNX Runtime allocates its tensors (the kernel writes large
+    aligned outputs with whole-line stores)."""
+    count = shape[0] * shape[1]
+    raw = np.empty(count + 16, np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    return raw[start:start + count].reshape(shape)
+
+
 def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1) -> np.ndarray:
     """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here)."""
     lib = library()
@@ -128,7 +137,7 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.k:
         raise SpeccError(f"x must be [m, {w.k}], got {list(x.shape)}")
-    y = np.empty((x.shape[0], w.n), np.float32)
+    y = _aligned_empty((x.shape[0], w.n))
     rc = lib.specc_int4_gemm(ISAS.index(isa), x.ctypes.data, x.shape[0], w.data.ctypes.data, w.n, w.k, int(w.offsets),
                              y.ctypes.data, threads)
     if rc != 0:

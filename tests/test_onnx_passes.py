@@ -183,6 +183,54 @@ def test_int4_gemm_keeps_gguf_blocks_merges_shared_inputs_and_rounds_the_rest():
         "rtn int4 block 32": 1, "float32": 1}
 
 
+def _swiglu_graph(wg: np.ndarray, wu: np.ndarray, gate_out: bool = False):
+    """y = silu(x @ wgᵀ) * (x @ wuᵀ) as the exporter writes it (Sigmoid, Mul, Mul); gate_out: the gate is also a
+    graph output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def linear(w, y, module):
+        node = helper.make_node("MatMul", ["x", w], [y], name=f"mm.{y}")
+        node.metadata_props.add(key="pkg.torch.onnx.name_scopes", value=f"['', '{module}', 'linear']")
+        return node
+
+    nodes = [linear("Wg", "g", "layers.0.mlp.gate_proj"), linear("Wu", "u", "layers.0.mlp.up_proj"),
+             helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+             helper.make_node("Mul", ["silu", "u"], ["y"])]
+    k, n = wg.shape[1], wg.shape[0]
+    outputs = [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["b", "t", n]) for y in ["y"] + ["g"] * gate_out]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", k])],
+                              outputs, [numpy_helper.from_array(np.ascontiguousarray(wg.T), "Wg"),
+                                        numpy_helper.from_array(np.ascontiguousarray(wu.T), "Wu")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_gate_in_int4_gemm_moves_swiglu_into_the_kernel():
+    """The merged gate+up Int4Gemm returns silu(gate) * up: within float rounding of the Sigmoid and Muls it
+    replaces, each row with the bits it has alone; a gate read elsewhere keeps the operators."""
+    from specc import kernels
+    from specc.onnx_passes import GateInInt4Gemm
+
+    if not kernels.available():
+        pytest.skip("specc's kernel library is not built here")
+    rng = np.random.default_rng(8)
+    wg, wu = rng.normal(size=(32, 64)).astype(np.float32), rng.normal(size=(32, 64)).astype(np.float32)
+    config = QuantConfig(4, kind="int4-gemm")
+    apart, fused = _swiglu_graph(wg, wu), _swiglu_graph(wg, wu)
+    QuantizeInt4Gemm(config)(apart)
+    QuantizeInt4Gemm(config)(fused)
+    assert GateInInt4Gemm()(fused) == {"gated_in_kernel": 1}
+    assert [n.op_type for n in fused.graph.node] == ["Int4Gemm"]
+    assert not any(i.name.endswith(".sizes") for i in fused.graph.initializer)
+    x = rng.normal(size=(1, 9, 64)).astype(np.float32)
+    (y,), (y_apart,) = _run_with_kernels(fused, x), _run_with_kernels(apart, x)
+    assert y.shape == (1, 9, 32) and np.abs(y - y_apart).max() <= 1e-5 * np.abs(y_apart).max()
+    rows = np.concatenate([_run_with_kernels(fused, x[:, i:i + 1])[0] for i in range(9)], axis=1)
+    assert np.array_equal(rows, y)
+    shared = _swiglu_graph(wg, wu, gate_out=True)
+    QuantizeInt4Gemm(config)(shared)
+    assert GateInInt4Gemm()(shared) == {"gated_in_kernel": 0} and "Sigmoid" in [n.op_type for n in shared.graph.node]
+
+
 def test_imported_blocks_that_do_not_match_the_weights_are_not_used():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(16, 32)).astype(np.float32)
@@ -474,6 +522,9 @@ def test_pipelines_run_in_order_and_every_pass_is_listed():
     config = QuantConfig(4, 32, kind="int4")
     assert [type(p) for p in onnxruntime_target_pipeline(config)] == [FoldWeightTransposes, QuantizeMatMulNBits,
                                                                       AttendAtCachePositions, ComputeAttentionInFp64]
+    assert [type(p).__name__ for p in onnxruntime_target_pipeline(QuantConfig(4, kind="int4-gemm"))] == [
+        "FoldWeightTransposes", "QuantizeInt4Gemm", "GateInInt4Gemm", "AttendWithCacheKernel", "AttendAtCachePositions",
+        "ComputeAttentionInFp64"]
     gemm = QuantConfig(8, kind="int8-gemm")
     assert [type(p) for p in onnxruntime_target_pipeline(gemm)][1] is QuantizeInt8Gemm
     assert [type(p) for p in tensorrt_target_pipeline(config)] == [FoldWeightTransposes, QuantizeWeightOnlyDQ]

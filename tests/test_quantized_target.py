@@ -170,6 +170,8 @@ def test_bundle_records_the_int4_gemm_target(quantized_bundles):
     assert q["kernel"] == f"ai.specc::Int4Gemm ({active_isa()})"
     text = format_manifest(model.bundle.manifest, model.bundle.path, True)
     assert "int4 blocks of 32, ai.specc::Int4Gemm" in text and "9 layers merged into one GEMM with another" in text
+    # each layer's SwiGLU runs in its gate-and-up Int4Gemm (the greedy and sampled checks below run on it)
+    assert q["gated_in_kernel"] == 3 and "SwiGLU in the kernel (3 layers)" in text
     # chain and tree graphs alike attend in the CacheAttention kernel: a tree node's slots hold its ancestors
     assert q["attention_in_kernel"] == 3 and not q.get("attention_float64")
     tree = specc.load(quantized_bundles["int4_gemm_tree"]).bundle.graph("target").facts["weight_quant"]

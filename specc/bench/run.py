@@ -172,12 +172,13 @@ def target_build(manifest) -> str:
              + (f" float {','.join(t.keep_float)}" if t.keep_float else "")) if t.quantize else "unquantised"
     graph = manifest.graph("target")
     rewritten = (graph.facts.get("weight_quant") or {}) if graph is not None else {}
-    attention = "".join(f" {form} {rewritten[form]}" for form in ATTENTION_FORMS if rewritten.get(form))
-    return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}{attention}"
+    forms = "".join(f" {form} {rewritten[form]}" for form in NUMERIC_FORMS if rewritten.get(form))
+    return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}{forms}"
 
 
-# the manifest's counts of attention nodes a quantised graph computes one way or another (onnx_passes/)
-ATTENTION_FORMS = ("attention_in_kernel", "attention_at_positions", "attention_float64")
+# the manifest's counts of nodes a quantised graph computes one way or another (onnx_passes/: attention's forms, a
+# SwiGLU gated in the kernel): targets that differ in them differ in their outputs' last bits
+NUMERIC_FORMS = ("attention_in_kernel", "attention_at_positions", "attention_float64", "gated_in_kernel")
 
 
 def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0,

@@ -128,7 +128,9 @@ def _fact_lines(key: str, g: dict) -> list[str]:
         else:
             kernel = f"int{q['bits']} MatMulNBits, block {q['block_size']}, accuracy level {q['accuracy_level']}"
         return [f"  weights   {kernel}, "
-                f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, {_attention_form(q)}, rows independent of pass size "
+                f"{q['weight_bytes'] / 1e6:.1f} MB read per pass, {_attention_form(q)}"
+                + (f", SwiGLU in the kernel ({q['gated_in_kernel']} layers)" if q.get("gated_in_kernel") else "")
+                + ", rows independent of pass size "
                 f"(where compiled): {_pass_rows(q)}"
                 + (f"; float32 kept: {', '.join(q['keep_float'])}" if q["keep_float"] else ""),
                 "  layers    " + ", ".join(f"{n} {label}" for label, n in q["layers"].items())]

@@ -23,6 +23,7 @@ from ..errors import SpeccError
 from .pack import LAYOUT, PackedInt4, pack_int4
 
 ISAS = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the order of the library's Isa enum
+ABI = 2  # the library's specc_kernels_abi(): the C functions' signatures this module calls
 DOMAIN = "ai.specc"
 OP = "Int4Gemm"
 ATTENTION_OP = "CacheAttention"
@@ -54,11 +55,13 @@ def library() -> ctypes.CDLL:
     lib.specc_int4_packed_bytes.restype = ctypes.c_longlong
     lib.specc_int4_packed_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int]
     lib.specc_int4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
-                                    ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+                                    ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     p = ctypes.c_void_p
+    lib.specc_swiglu.argtypes = [ctypes.c_int, p, p, p, ctypes.c_longlong]
     lib.specc_cache_attention.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, p] + [ctypes.c_longlong] * 8 + [
         ctypes.c_float, p, ctypes.c_int]
-    if [lib.specc_isa_name(i).decode() for i in range(lib.specc_isa_count())] != list(ISAS):
+    names = [lib.specc_isa_name(i).decode() for i in range(lib.specc_isa_count())]
+    if lib.specc_kernels_abi() != ABI or names != list(ISAS):
         raise KernelsUnavailable(f"specc's kernel library {path} is from another specc version: reinstall specc")
     return lib
 
@@ -128,8 +131,9 @@ def _aligned_empty(shape: tuple[int, int]) -> np.ndarray:
     return raw[start:start + count].reshape(shape)
 
 
-def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1) -> np.ndarray:
-    """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here)."""
+def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1, glu: bool = False) -> np.ndarray:
+    """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here); glu: the
+    weight's rows are a gated MLP's gate and up projections, and y [m, n / 2] is `swiglu` of the product's halves."""
     lib = library()
     isa = isa or best_isa()
     if isa not in ISAS:
@@ -137,10 +141,27 @@ def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.k:
         raise SpeccError(f"x must be [m, {w.k}], got {list(x.shape)}")
-    y = _aligned_empty((x.shape[0], w.n))
+    if glu and w.n % 32:
+        raise SpeccError(f"a gated product needs the weight's rows in two halves of a multiple of 16, got {w.n}")
+    y = _aligned_empty((x.shape[0], w.n // 2 if glu else w.n))
     rc = lib.specc_int4_gemm(ISAS.index(isa), x.ctypes.data, x.shape[0], w.data.ctypes.data, w.n, w.k, int(w.offsets),
-                             y.ctypes.data, threads)
+                             y.ctypes.data, threads, int(glu))
     if rc != 0:
+        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+    return y
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, isa: str | None = None) -> np.ndarray:
+    """silu(gate) * up elementwise, in float32, with the bits csrc/glu.h defines, on one ISA's kernel."""
+    lib = library()
+    isa = isa or best_isa()
+    if isa not in ISAS:
+        raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    gate, up = (np.ascontiguousarray(a, dtype=np.float32) for a in (gate, up))
+    if gate.shape != up.shape:
+        raise SpeccError(f"swiglu: gate and up must have one shape, got {list(gate.shape)} and {list(up.shape)}")
+    y = np.empty_like(gate)
+    if lib.specc_swiglu(ISAS.index(isa), gate.ctypes.data, up.ctypes.data, y.ctypes.data, gate.size) != 0:
         raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
     return y
 
@@ -179,5 +200,5 @@ def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache
 __all__ = [
     "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available",
     "best_isa", "cache_attention", "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with",
-    "supported_isas"
+    "supported_isas", "swiglu"
 ]

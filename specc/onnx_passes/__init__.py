@@ -7,6 +7,7 @@ from .attend_with_cache_kernel import AttendWithCacheKernel
 from .compute_attention_in_fp64 import ComputeAttentionInFp64
 from .feed_cache_by_layer import FeedCacheByLayer
 from .fold_weight_transposes import FoldWeightTransposes
+from .gate_in_int4_gemm import GateInInt4Gemm
 from .linear_layers import QuantConfig
 from .quantize_int4_gemm import QuantizeInt4Gemm
 from .quantize_int8_gemm import QuantizeInt8Gemm
@@ -16,12 +17,12 @@ from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
 
 def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
     """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (the integer GEMM for int8-gemm, specc's
-    own int4 kernel for int4-gemm), attention with keys at their positions (in specc's own kernel for int4-gemm,
-    whose sessions register it; else in float32 operators), or in float64 where that rewrite does not apply (the
-    k+1-token verify then sees the numbers a 1-token decode sees)."""
+    own int4 kernel for int4-gemm, which also gates a SwiGLU MLP's product), attention with keys at their positions
+    (in specc's own kernel for int4-gemm, whose sessions register it; else in float32 operators), or in float64 where
+    that rewrite does not apply (the k+1-token verify then sees the numbers a 1-token decode sees)."""
     quantize = {"int8-gemm": QuantizeInt8Gemm, "int4-gemm": QuantizeInt4Gemm}.get(config.kind, QuantizeMatMulNBits)(config)
-    own_attention = [AttendWithCacheKernel()] if config.kind == "int4-gemm" else []
-    return [FoldWeightTransposes(), quantize, *own_attention, AttendAtCachePositions(), ComputeAttentionInFp64()]
+    own_kernels = [GateInInt4Gemm(), AttendWithCacheKernel()] if config.kind == "int4-gemm" else []
+    return [FoldWeightTransposes(), quantize, *own_kernels, AttendAtCachePositions(), ComputeAttentionInFp64()]
 
 
 def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
@@ -30,8 +31,8 @@ def tensorrt_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
 
 
 ALL_ONNX_PASSES: list[type[OnnxPass]] = [FeedCacheByLayer, FoldWeightTransposes, QuantizeMatMulNBits, QuantizeInt8Gemm,
-                                         QuantizeInt4Gemm, QuantizeWeightOnlyDQ, AttendWithCacheKernel, AttendAtCachePositions,
-                                         ComputeAttentionInFp64]
+                                         QuantizeInt4Gemm, QuantizeWeightOnlyDQ, GateInInt4Gemm, AttendWithCacheKernel,
+                                         AttendAtCachePositions, ComputeAttentionInFp64]
 
 
 def describe_onnx_passes() -> str:
@@ -41,6 +42,6 @@ def describe_onnx_passes() -> str:
     return describe_contracts(ALL_ONNX_PASSES)
 
 
-__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "AttendWithCacheKernel", "FeedCacheByLayer",
+__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "AttendWithCacheKernel", "FeedCacheByLayer", "GateInInt4Gemm",
            "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
            "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

@@ -24,10 +24,9 @@
 #include <vector>
 
 #include "q4gemm.h"
+#include "vec16.h"
 
 namespace specc {
-
-constexpr int kLanes = 16;
 
 struct AttentionArgs {
   const float *q, *k_new, *v_new;  // [B, Hq, T, D], [B, Hkv, T, D], [B, Hkv, T, D]

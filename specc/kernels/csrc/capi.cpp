@@ -1,13 +1,14 @@
 // A plain C interface to the kernels for Python (ctypes): the tests compare every ISA with the scalar reference,
 // and the kernel benchmark times them outside ONNX Runtime.
 #include "attention.h"
+#include "glu.h"
 #include "q4gemm.h"
 
 using specc::Isa;
 
 extern "C" {
 
-int specc_kernels_abi() { return 1; }
+int specc_kernels_abi() { return 2; }
 
 int specc_isa_count() { return static_cast<int>(Isa::kCount); }
 
@@ -27,15 +28,24 @@ long long specc_int4_packed_bytes(long long n, long long k, int offsets) {
   return l.bytes();
 }
 
-// y [m, n] = x [m, k] times the packed weight; 0, or -1 for an ISA this CPU lacks or bad sizes.
+// y [m, n] = x [m, k] times the packed weight (glu: y [m, n / 2], the SwiGLU of its halves); 0, or -1 for an ISA
+// this CPU lacks or bad sizes.
 int specc_int4_gemm(int isa, const float* x, long long m, const unsigned char* w, long long n, long long k, int offsets,
-                    float* y, int threads) {
+                    float* y, int threads, int glu) {
   if (!specc_isa_supported(isa) || m < 0 || n <= 0 || k <= 0 || threads < 1) return -1;
+  if (glu != 0 && n % (2 * specc::kPanel) != 0) return -1;
   specc::Q4Layout l;
   l.n = n;
   l.k = k;
   l.offsets = offsets != 0;
-  if (m > 0) specc::gemm(static_cast<Isa>(isa), x, m, w, l, y, threads);
+  if (m > 0) specc::gemm(static_cast<Isa>(isa), x, m, w, l, y, threads, glu != 0);
+  return 0;
+}
+
+// y[0..n) = SwiGLU(gate, up) (glu.h) on one ISA; 0, or -1 for an ISA this CPU lacks.
+int specc_swiglu(int isa, const float* gate, const float* up, float* y, long long n) {
+  if (!specc_isa_supported(isa) || n < 0) return -1;
+  specc::glu_kernel(static_cast<Isa>(isa))(gate, up, y, n, false);
   return 0;
 }
 

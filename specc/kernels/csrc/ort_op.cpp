@@ -1,7 +1,8 @@
 // specc's operators (domain ai.specc) for ONNX Runtime, each running the kernel this CPU supports best, or the one
 // SPECC_KERNEL_ISA names (scalar, avx2, avxvnni, avx512vnni) where this CPU supports it:
 //   Int4Gemm: Y [..., N] = X [..., K] times a packed int4 weight (q4gemm.h). Inputs: X float, W uint8 (the packed
-//     bytes); attributes N, K, offsets (0 or 1), layout (kLayoutVersion).
+//     bytes); attributes N, K, offsets (0 or 1), layout (kLayoutVersion), glu (optional, 0 or 1: the weight's rows are
+//     a gated MLP's gate and up projections and Y [..., N / 2] the SwiGLU of the product's halves, glu.h).
 //   CacheAttention: a chain or tree pass's attention over the cache with its new keys at their positions (attention.h).
 //     Inputs: Q [B, Hq, T, D], K_new, V_new [B, Hkv, T, D], K_cache, V_cache [B, Hkv, S, D] float, mask bool
 //     [1|B, 1|Hq, T, S + T], cache_len int64 [B], position_ids int64 [B, T]; attribute scale; output [B, Hq, T, D].
@@ -51,6 +52,7 @@ Isa chosen_isa() {
 struct Kernel {
   specc::Q4Layout layout;
   Isa isa;
+  bool glu;
 };
 
 OrtStatus* attribute(const OrtKernelInfo* info, const char* name, int64_t* out) {
@@ -75,11 +77,16 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   RETURN_IF_ERROR(attribute(info, "offsets", &offsets));
   if (n <= 0 || k <= 0 || (offsets != 0 && offsets != 1))
     return status(kOrtInvalidArgument, "Int4Gemm: N and K must be positive and offsets 0 or 1");
+  int64_t glu = 0;
+  if (OrtStatus* absent = attribute(info, "glu", &glu)) slot<void (*)(OrtStatus*)>(kReleaseStatus)(absent);
+  if ((glu != 0 && glu != 1) || (glu == 1 && n % (2 * specc::kPanel) != 0))
+    return status(kOrtInvalidArgument, "Int4Gemm: glu must be 0 or 1, and 1 only where N is two halves of a multiple of 16");
   auto* kernel = new Kernel;
   kernel->layout.n = n;
   kernel->layout.k = k;
   kernel->layout.offsets = offsets != 0;
   kernel->isa = chosen_isa();
+  kernel->glu = glu == 1;
   *out = kernel;
   return nullptr;
 }
@@ -115,7 +122,7 @@ OrtStatus* compute(void* opaque, OrtKernelContext* context) {
   int64_t m = 1;
   for (size_t i = 0; i + 1 < xs.size(); ++i) m *= xs[i];
   std::vector<int64_t> ys(xs);
-  ys.back() = l.n;
+  ys.back() = kernel.glu ? l.n / 2 : l.n;
   OrtValue* y = nullptr;
   RETURN_IF_ERROR(slot<OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)>(kKernelContextGetOutput)(
       context, 0, ys.data(), ys.size(), &y));
@@ -125,7 +132,7 @@ OrtStatus* compute(void* opaque, OrtKernelContext* context) {
   RETURN_IF_ERROR(data(const_cast<OrtValue*>(w), &wp));
   RETURN_IF_ERROR(data(y, &yp));
   specc::gemm(kernel.isa, static_cast<const float*>(xp), m, static_cast<const uint8_t*>(wp), l, static_cast<float*>(yp),
-              specc::shared_pool().size());
+              specc::shared_pool().size(), kernel.glu);
   return nullptr;
 }
 

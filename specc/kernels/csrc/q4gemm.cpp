@@ -5,6 +5,11 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "glu.h"
 #include "threadpool.h"
 
 namespace specc {
@@ -77,14 +82,72 @@ Quantizer quantizer_for(Isa isa) {
 // then evicts the activations and weights the kernel still reads.
 constexpr int64_t kStreamBytes = int64_t{2} << 20;
 
+constexpr int64_t kGluTile = 4;  // gate panels (and as many up panels) a large gated pass multiplies at a time
+
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d, dsum;
+  std::vector<float> whole;  // a small gated pass's product
 };
+
+inline void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+// The product of every row with panels [p0, p1) of the weight, on the pool, into z (row stride ldz); streamed where
+// z is large and on a line boundary.
+void multiply(PanelKernel kernel, const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int threads,
+              float* z, int64_t ldz) {
+  const int64_t panels = l.panels();
+  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, panels)));
+  const bool stream = m * ldz * static_cast<int64_t>(sizeof(float)) >= kStreamBytes &&
+                      reinterpret_cast<uintptr_t>(z) % 64 == 0 && ldz % kPanel == 0;
+  shared_pool().run(tasks, [&](int i) {
+    kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, z, ldz, stream);
+  });
+}
+
+// SwiGLU of the product (q4gemm.h's gemm with glu). A small pass multiplies as a plain one does (the weights streamed
+// group by group) into a scratch that stays in cache, then gates it; a larger one takes kGluTile gate panels and
+// their up panels at a time, through a scratch per thread, so its product never leaves the cache.
+void gated(Isa isa, const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads,
+           std::vector<float>& whole) {
+  const PanelKernel kernel = kernel_for(isa);
+  const GluKernel gate = glu_kernel(isa);
+  const int64_t half = l.n / 2, pairs = half / kPanel;
+  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, pairs)));
+  if (m * l.n * static_cast<int64_t>(sizeof(float)) < kStreamBytes) {
+    whole.resize(m * l.n);
+    float* z = whole.data();
+    multiply(kernel, a, m, w, l, threads, z, l.n);
+    shared_pool().run(tasks, [&](int i) {
+      const int64_t c0 = half * i / tasks, c1 = half * (i + 1) / tasks;
+      for (int64_t r = 0; r < m; ++r) gate(z + r * l.n + c0, z + r * l.n + half + c0, y + r * half + c0, c1 - c0, false);
+    });
+    return;
+  }
+  const bool stream = reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  shared_pool().run(tasks, [&](int i) {
+    thread_local std::vector<float> tile;
+    const int64_t p1 = pairs * (i + 1) / tasks, ldt = 2 * kGluTile * kPanel;
+    tile.resize(m * ldt);
+    for (int64_t p = pairs * i / tasks; p < p1; p += kGluTile) {
+      Q4Layout part = l;  // the tile's gate (or up) panels as a layer of their own
+      part.n = std::min(kGluTile, p1 - p) * kPanel;
+      kernel(a, m, w + p * l.panel_bytes(), part, 0, part.panels(), tile.data(), ldt, false);
+      kernel(a, m, w + (pairs + p) * l.panel_bytes(), part, 0, part.panels(), tile.data() + part.n, ldt, false);
+      for (int64_t r = 0; r < m; ++r)
+        gate(tile.data() + r * ldt, tile.data() + r * ldt + part.n, y + r * half + p * kPanel, part.n, stream);
+    }
+    if (stream) store_fence();
+  });
+}
 
 }  // namespace
 
-void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads) {
+void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads, bool glu) {
   thread_local Scratch s;
   const int64_t nb = l.blocks(), supers = l.supers();
   s.q.resize(m * nb * kBlock);
@@ -99,14 +162,8 @@ void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& 
     quantize(x, m * i / row_tasks, m * (i + 1) / row_tasks, l.k, nb, q, d, dsum);
   });
   const QuantizedRows a{q, d, dsum, nb, supers};
-  const PanelKernel kernel = kernel_for(isa);
-  const int64_t panels = l.panels();
-  const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, panels)));
-  const bool stream = m * l.n * static_cast<int64_t>(sizeof(float)) >= kStreamBytes &&
-                      reinterpret_cast<uintptr_t>(y) % 64 == 0 && l.n % kPanel == 0;
-  shared_pool().run(tasks, [&](int i) {
-    kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, y, l.n, stream);
-  });
+  if (glu) gated(isa, a, m, w, l, y, threads, s.whole);
+  else multiply(kernel_for(isa), a, m, w, l, threads, y, l.n);
 }
 
 }  // namespace specc

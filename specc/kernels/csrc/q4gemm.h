@@ -82,7 +82,10 @@ float half_to_float(uint16_t h);
 // Runs `iterations` rounds of the ISA's integer dot instructions on registers; returns the MACs done (dot_peak.cpp).
 int64_t dot_peak(Isa isa, int64_t iterations);
 
-// y [m, n] = x [m, k] times the packed weight, on `threads` threads of the shared pool.
-void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads);
+// y [m, n] = x [m, k] times the packed weight, on `threads` threads of the shared pool. glu: the weight's rows are a
+// gated MLP's gate and up projections (n / 2 each, a multiple of 16), and y [m, n / 2] is their SwiGLU (glu.h) of the
+// product's two halves, each of which has the bits the plain product gives it.
+void gemm(Isa isa, const float* x, int64_t m, const uint8_t* w, const Q4Layout& l, float* y, int threads,
+          bool glu = false);
 
 }  // namespace specc

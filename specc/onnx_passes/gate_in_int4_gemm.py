@@ -31,7 +31,7 @@ def _halves_equal(model, split, n: int) -> bool:
     """Does the Split cut its last axis into two halves of n / 2?"""
     from onnx import numpy_helper
 
-    if len(split.output) != 2 or _attr(split, "axis") not in (-1,):
+    if len(split.output) != 2 or _attr(split, "axis") != -1:
         return False
     if len(split.input) > 1 and split.input[1]:
         sizes = next((numpy_helper.to_array(i) for i in model.graph.initializer if i.name == split.input[1]), None)

@@ -96,8 +96,8 @@ inline void store_fence() {
 #endif
 }
 
-// The product of every row with panels [p0, p1) of the weight, on the pool, into z (row stride ldz); streamed where
-// z is large and on a line boundary.
+// The product of every row with the whole weight, on the pool, into z (row stride ldz); streamed where z is large
+// and on a line boundary.
 void multiply(PanelKernel kernel, const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int threads,
               float* z, int64_t ldz) {
   const int64_t panels = l.panels();

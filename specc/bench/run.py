@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..errors import SpeccError
 from ..hardware import cpu
 from ..limits import is_probability
+from ..onnx_passes import NUMERIC_FORMS
 from ..prompts import warmup_items
 
 SPECC_TARGET_ONLY = "specc target-only"
@@ -175,10 +176,6 @@ def target_build(manifest) -> str:
     forms = "".join(f" {form} {rewritten[form]}" for form in NUMERIC_FORMS if rewritten.get(form))
     return f"{manifest.backend} {manifest.recipe.precision} {t.dtype} {quant}{forms}"
 
-
-# the manifest's counts of nodes a quantised graph computes one way or another (onnx_passes/: attention's forms, a
-# SwiGLU gated in the kernel): targets that differ in them differ in their outputs' last bits
-NUMERIC_FORMS = ("attention_in_kernel", "attention_at_positions", "attention_float64", "gated_in_kernel")
 
 
 def specc_systems(models: list, k_values: list[int | str], trees: list, batch_size: int = 1, seed: int = 0,

@@ -9,6 +9,7 @@ from ..bench.table import fmt, table
 from ..errors import SpeccError, escape_control
 from ..limits import context_cost, kv_bytes_per_token
 from ..methods import get_method
+from ..onnx_passes import ATTENTION_FORMS
 
 
 def format_run_stats(stats: dict, speculative: bool, front: str | None = None) -> str:
@@ -45,9 +46,7 @@ def terminal_safe(text: str) -> str:
 
 def _attention_form(q: dict) -> str:
     """How a quantised graph keeps attention rows independent of the pass size (onnx_passes/)."""
-    forms = [(q.get("attention_in_kernel", 0), "in specc's CacheAttention kernel"),
-             (q.get("attention_at_positions", 0), "keys at their positions in float32"),
-             (q.get("attention_float64", 0), "in float64")]
+    forms = [(q.get(key, 0), text) for key, text in ATTENTION_FORMS.items()]
     return "attention " + " and ".join(f"{text} ({n} nodes)" for n, text in forms if n) if any(n for n, _ in forms) \
         else "no attention rewritten"
 

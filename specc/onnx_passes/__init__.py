@@ -15,6 +15,15 @@ from .quantize_matmul_nbits import QuantizeMatMulNBits
 from .quantize_weight_only_dq import QuantizeWeightOnlyDQ
 
 
+# What the manifest records (weight_quant) of the nodes a quantised target graph computes one way or another: the forms
+# of attention (with how `specc inspect` words them), and a SwiGLU gated in Int4Gemm. Targets that differ in them
+# differ in their outputs' last bits.
+ATTENTION_FORMS = {"attention_in_kernel": "in specc's CacheAttention kernel",
+                   "attention_at_positions": "keys at their positions in float32",
+                   "attention_float64": "in float64"}
+NUMERIC_FORMS = (*ATTENTION_FORMS, "gated_in_kernel")
+
+
 def onnxruntime_target_pipeline(config: QuantConfig) -> list[OnnxPass]:
     """A quantised target on ONNX Runtime: linear layers onto MatMulNBits (the integer GEMM for int8-gemm, specc's
     own int4 kernel for int4-gemm, which also gates a SwiGLU MLP's product), attention with keys at their positions
@@ -42,6 +51,6 @@ def describe_onnx_passes() -> str:
     return describe_contracts(ALL_ONNX_PASSES)
 
 
-__all__ = ["ALL_ONNX_PASSES", "AttendAtCachePositions", "AttendWithCacheKernel", "FeedCacheByLayer", "GateInInt4Gemm",
-           "OnnxPass", "OnnxPassContractError", "QuantConfig", "describe_onnx_passes",
-           "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]
+__all__ = ["ALL_ONNX_PASSES", "ATTENTION_FORMS", "AttendAtCachePositions", "AttendWithCacheKernel", "FeedCacheByLayer",
+           "GateInInt4Gemm", "NUMERIC_FORMS", "OnnxPass", "OnnxPassContractError", "QuantConfig",
+           "describe_onnx_passes", "onnxruntime_target_pipeline", "run_onnx_passes", "tensorrt_target_pipeline"]

@@ -279,6 +279,30 @@ def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_go
     assert server.engine.alive
 
 
+def test_a_route_that_raises_answers_with_a_log_reference_not_its_text(server, monkeypatch, capsys):
+    """An exception a route raises outside the engine is a 500 whose message names the logged traceback's reference;
+    the exception's text (which may show internals) stays in the log, and the server goes on."""
+    import time
+    from types import SimpleNamespace
+
+    from specc.serving import service as service_mod
+
+    def boom():
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(service_mod, "time", SimpleNamespace(time=boom, perf_counter=time.perf_counter,
+                                                             monotonic=time.monotonic))
+    r = httpx.get(server.url + "/v1/models", timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["code"] == "internal_error" and err["type"] == "server_error", r.text
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    reference = err["message"].split("reference ")[1].split(" ")[0]
+    logged = capsys.readouterr().out
+    assert f"internal error on /v1/models (reference {reference})" in logged and "secret internals" in logged
+    monkeypatch.undo()
+    assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 200
+
+
 def test_memory_is_given_back_when_a_large_request_ends_while_others_run(bundles, monkeypatch):
     """glibc keeps the heap a long prompt's buffers grew (its logits with echo) unless asked: the engine trims
     it between rounds once such a request ends, without waiting for the others to finish."""

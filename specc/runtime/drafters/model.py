@@ -20,8 +20,8 @@ from .loops import draft_chain, grow_tree
 CATCH_UP = 16  # a row further behind than this catches up in a call of its own (no padding of the others)
 DRAFT_WINDOW = 2048  # a row's draft cache takes in at most its last this many prompt tokens (ModelDrafter)
 # ... and at most WINDOW_PER_NEW_TOKEN per token the row may still generate, but never fewer than DRAFT_WINDOW_MIN:
-# a 0.5B draft's catch-up of 256 tokens costs about what drafting saves over a 64-token answer, and its acceptance
-# does not grow past the last 128
+# a short answer repays only a short catch-up, and what a small draft proposes depends mostly on the last hundred
+# or so tokens (prompt lookup, in front of it, still sees the whole prompt)
 WINDOW_PER_NEW_TOKEN = 2
 DRAFT_WINDOW_MIN = 128
 WINDOW_START = "model:window_start"  # Request.draft_memo: the row's leading tokens its draft cache never took in

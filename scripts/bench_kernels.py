@@ -152,15 +152,6 @@ def time_system(builder, copies: int, k: int, rows: list[int], repeats: int) -> 
     return out
 
 
-def _aligned(a: np.ndarray) -> np.ndarray:
-    """A float32 copy of `a` on a 64-byte boundary, as the runtime's caches are (torch allocates them so)."""
-    raw = np.empty(a.size + 16, np.float32)
-    start = (-raw.ctypes.data % 64) // 4
-    out = raw[start:start + a.size].reshape(a.shape)
-    out[...] = a
-    return out
-
-
 def bundle_systems(bundle: Path, cache: int, room: int) -> tuple[dict, dict, int]:
     """name -> a builder of a callable(x [M, K]) running one pass of M <= room tokens through each ONNX Runtime graph
     of the bundle (target, draft) after `cache` cached positions; name -> the graph's linear multiply-adds per row;
@@ -187,8 +178,11 @@ def bundle_systems(bundle: Path, cache: int, room: int) -> tuple[dict, dict, int
             rng = np.random.default_rng(0)
             # the graph writes a pass's keys into the cache at their positions: room for them after the cached ones
             slots = cache + room
-            caches = {i.name: _aligned(rng.normal(size=(1, m["n_kv_heads"], slots, m["head_dim"])))
+            # on 64-byte boundaries, as the runtime's caches are (torch allocates them so)
+            caches = {i.name: kernels.aligned_empty((1, m["n_kv_heads"], slots, m["head_dim"]))
                       for i in session.get_inputs() if i.name.startswith(("k_cache.", "v_cache."))}
+            for c in caches.values():
+                c[...] = rng.normal(size=c.shape)
 
             def run(x: np.ndarray):
                 t = x.shape[0]

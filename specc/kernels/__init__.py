@@ -122,47 +122,53 @@ def register_with(session_options) -> None:
     session_options.register_custom_ops_library(str(library_path()))
 
 
-def _aligned_empty(shape: tuple[int, int]) -> np.ndarray:
-    """A float32 array on a 64-byte boundary, as ONNX Runtime allocates its tensors (the kernel writes large
-    aligned outputs with whole-line stores)."""
-    count = shape[0] * shape[1]
+def aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised float32 array on a 64-byte boundary, as ONNX Runtime and torch allocate tensors (the kernels
+    write large aligned outputs with whole-line stores, and read aligned caches faster)."""
+    count = int(np.prod(shape))
     raw = np.empty(count + 16, np.float32)
     start = (-raw.ctypes.data % 64) // 4
     return raw[start:start + count].reshape(shape)
 
 
-def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1, glu: bool = False) -> np.ndarray:
-    """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here); glu: the
-    weight's rows are a gated MLP's gate and up projections, and y [m, n / 2] is `swiglu` of the product's halves."""
-    lib = library()
+def _kernel_isa(isa: str | None) -> str:
+    """The ISA a kernel call runs on: the one named, or the best here."""
     isa = isa or best_isa()
     if isa not in ISAS:
         raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    return isa
+
+
+def _not_here(isa: str) -> SpeccError:
+    return SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+
+
+def gemm(x: np.ndarray, w: PackedInt4, isa: str | None = None, threads: int = 1, glu: bool = False) -> np.ndarray:
+    """y [m, n] = x [m, k] float32 times the packed weight, on one ISA's kernel (default: the best here); glu: the
+    weight's rows are a gated MLP's gate and up projections, and y [m, n / 2] is `swiglu` of the product's halves."""
+    lib, isa = library(), _kernel_isa(isa)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.k:
         raise SpeccError(f"x must be [m, {w.k}], got {list(x.shape)}")
     if glu and w.n % 32:
         raise SpeccError(f"a gated product needs the weight's rows in two halves of a multiple of 16, got {w.n}")
-    y = _aligned_empty((x.shape[0], w.n // 2 if glu else w.n))
+    y = aligned_empty((x.shape[0], w.n // 2 if glu else w.n))
     rc = lib.specc_int4_gemm(ISAS.index(isa), x.ctypes.data, x.shape[0], w.data.ctypes.data, w.n, w.k, int(w.offsets),
                              y.ctypes.data, threads, int(glu))
     if rc != 0:
-        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+        raise _not_here(isa)
     return y
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray, isa: str | None = None) -> np.ndarray:
     """silu(gate) * up elementwise, in float32, with the bits csrc/glu.h defines, on one ISA's kernel."""
-    lib = library()
-    isa = isa or best_isa()
-    if isa not in ISAS:
-        raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    lib, isa = library(), _kernel_isa(isa)
     gate, up = (np.ascontiguousarray(a, dtype=np.float32) for a in (gate, up))
     if gate.shape != up.shape:
         raise SpeccError(f"swiglu: gate and up must have one shape, got {list(gate.shape)} and {list(up.shape)}")
     y = np.empty_like(gate)
     if lib.specc_swiglu(ISAS.index(isa), gate.ctypes.data, up.ctypes.data, y.ctypes.data, gate.size) != 0:
-        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+        raise _not_here(isa)
     return y
 
 
@@ -172,10 +178,7 @@ def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache
     """CacheAttention (csrc/attention.h) on one ISA's kernel: q [B, Hq, T, D], k_new / v_new [B, Hkv, T, D],
     k_cache / v_cache [B, Hkv, S, D], mask bool [1|B, 1|Hq, T, S + T], cache_len [B], positions [B, T];
     returns [B, Hq, T, D]."""
-    lib = library()
-    isa = isa or best_isa()
-    if isa not in ISAS:
-        raise SpeccError(f"no kernel {isa!r}; allowed: {', '.join(ISAS)}")
+    lib, isa = library(), _kernel_isa(isa)
     f32 = [np.ascontiguousarray(a, dtype=np.float32) for a in (q, k_new, v_new, k_cache, v_cache)]
     mask = np.ascontiguousarray(mask, dtype=np.bool_)
     cache_len, positions = (np.ascontiguousarray(a, dtype=np.int64) for a in (cache_len, positions))
@@ -190,7 +193,7 @@ def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache
                                    cache_len.ctypes.data, positions.ctypes.data, b, hq, hkv, t, s, d,
                                    mask.shape[0], mask.shape[1], scale, out.ctypes.data, threads)
     if rc == -1:
-        raise SpeccError(f"kernel {isa} does not run on this CPU; here: {', '.join(supported_isas())}")
+        raise _not_here(isa)
     if rc == -2:
         raise SpeccError("cache_attention: the kernel refuses these arguments (heads, head size a multiple of 16 up "
                          "to 256, positions in [cache_len, cache_len + T) inside the cache)")
@@ -198,7 +201,7 @@ def cache_attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, k_cache
 
 
 __all__ = [
-    "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "available",
-    "best_isa", "cache_attention", "dot_peak", "gemm", "library", "library_path", "pack_int4", "register_with",
-    "supported_isas", "swiglu"
+    "ATTENTION_OP", "DOMAIN", "ISAS", "LAYOUT", "OP", "KernelsUnavailable", "PackedInt4", "active_isa", "aligned_empty",
+    "available", "best_isa", "cache_attention", "dot_peak", "gemm", "library", "library_path", "pack_int4",
+    "register_with", "supported_isas", "swiglu"
 ]

@@ -18,6 +18,7 @@ namespace {
 
 struct DotAvx2 {
   using Acc = __m256i;
+  static constexpr int kMaxRows = 6, kPairRows = 3;
   static inline __m256i add(__m256i acc, __m256i w, __m256i x) {
     return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
   }

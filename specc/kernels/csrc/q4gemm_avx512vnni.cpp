@@ -52,13 +52,21 @@ void panel_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, const 
         for (int c = 0; c < NC; ++c) dot[r][c] = _mm512_setzero_si512();
       const int8_t* xb = a.q + r0 * kb + b * kBlock;
       for (int h = 0; h < 4; ++h) {
+        // every chain's low-nibble product, then every chain's high one: two products in a row on one chain would
+        // wait out vpdpbusd's latency
+        __m512i lo[NC], hi[NC];
         for (int c = 0; c < NC; ++c) {
           const __m512i chunk = _mm512_loadu_si512(panel + c * stride + b * (kPanel * kBlock / 2) + h * 64);
-          const __m512i lo = _mm512_and_si512(chunk, low), hi = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
-          for (int r = 0; r < MR; ++r) {
-            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo, broadcast4(xb + r * kb + 8 * h));
-            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi, broadcast4(xb + r * kb + 8 * h + 4));
-          }
+          lo[c] = _mm512_and_si512(chunk, low);
+          hi[c] = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low);
+        }
+        for (int r = 0; r < MR; ++r) {
+          const __m512i x = broadcast4(xb + r * kb + 8 * h);
+          for (int c = 0; c < NC; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo[c], x);
+        }
+        for (int r = 0; r < MR; ++r) {
+          const __m512i x = broadcast4(xb + r * kb + 8 * h + 4);
+          for (int c = 0; c < NC; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi[c], x);
         }
       }
       for (int c = 0; c < NC; ++c) {

@@ -17,6 +17,7 @@ namespace {
 
 struct DotAvxVnni {
   using Acc = __m256i;
+  static constexpr int kMaxRows = 5, kPairRows = 5;
   static inline __m256i add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
   static inline __m256i finish(__m256i acc) { return acc; }
 };

@@ -130,11 +130,12 @@ def test_early_stops_match_target_only(bundles, prompts, name):
 
 @pytest.mark.parametrize("name, batch", [("draft", 3), ("lookup_first", 3), ("tree_dynamic", 2)])
 def test_a_draft_that_takes_in_only_the_last_tokens_still_matches(bundles, prompts, name, batch, monkeypatch):
-    """A draft model's cache takes in a long prompt's last DRAFT_WINDOW tokens only (here 6, shorter than
-    most prompts): drafts from a shorter context change what is proposed, never what is kept."""
+    """A draft model's cache takes in a long prompt's first DRAFT_SINK and last DRAFT_WINDOW tokens only (here
+    2 and 6, shorter than most prompts): drafts from a shorter context change what is proposed, never what is kept."""
     from specc.runtime.drafters import model as model_drafter
 
     monkeypatch.setattr(model_drafter, "DRAFT_WINDOW", 6)
+    monkeypatch.setattr(model_drafter, "DRAFT_SINK", 2)
     model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, batch, k=3)  # all prompts: the target-only reference is per list
     assert bad == []
@@ -142,18 +143,19 @@ def test_a_draft_that_takes_in_only_the_last_tokens_still_matches(bundles, promp
 
 
 def test_the_draft_cache_holds_the_window_and_stays_in_step(bundles, prompts, monkeypatch):
-    """Draft = target with a window: the draft sees less context, so it is no longer always right; its cache
-    holds the window plus what was generated, and rows keep matching target-only."""
+    """Draft = target with a sink and a window: the draft sees less context, so it is no longer always right; its
+    cache holds the sink, the window and what was generated, and rows keep matching target-only."""
     from specc.runtime.drafters import model as model_drafter
 
     monkeypatch.setattr(model_drafter, "DRAFT_WINDOW", 6)
+    monkeypatch.setattr(model_drafter, "DRAFT_SINK", 3)
     model = specc.load(bundles["self"])
     seen = []
     catch_up = model_drafter.ModelDrafter.catch_up
 
     def watched(self, batch, warm=True):
         out = catch_up(self, batch, warm)
-        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.WINDOW_START, 0), n)
+        seen.extend((len(s.tokens), s.draft_memo.get(model_drafter.SKIPPED, 0), n)
                     for s, n in zip(batch.seqs, batch.draft_state.lengths.tolist()))
         return out
 
@@ -161,17 +163,18 @@ def test_the_draft_cache_holds_the_window_and_stays_in_step(bundles, prompts, mo
     bad, _ = _mismatches(model, prompts, 3, k=3)
     assert bad == []
     assert seen and all(skip + n <= tokens for tokens, skip, n in seen)
-    assert any(skip > 0 for _, skip, _ in seen) and all(n <= 6 + 20 + 4 for _, _, n in seen)
+    assert any(skip > 0 for _, skip, _ in seen) and all(n <= 3 + 6 + 20 + 4 for _, _, n in seen)
 
 
 def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch):
     """The window shrinks to WINDOW_PER_NEW_TOKEN per token a row may still generate (never below
-    DRAFT_WINDOW_MIN): a 20-token answer at 1 per token enters only its prompt's last 20 tokens, the catch-up
-    it can pay back, and output still matches target-only."""
+    DRAFT_WINDOW_MIN): a 20-token answer at 1 per token enters only its prompt's first DRAFT_SINK tokens and its
+    last 20, the catch-up it can pay back, and output still matches target-only."""
     from specc.runtime.drafters import model as model_drafter
 
     monkeypatch.setattr(model_drafter, "WINDOW_PER_NEW_TOKEN", 1)
     monkeypatch.setattr(model_drafter, "DRAFT_WINDOW_MIN", 4)
+    monkeypatch.setattr(model_drafter, "DRAFT_SINK", 2)
     model = specc.load(bundles["self"])
     first = {}
     catch_up = model_drafter.ModelDrafter.catch_up
@@ -181,7 +184,7 @@ def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch)
         out = catch_up(self, batch, warm)
         for b in cold:
             s = batch.seqs[b]
-            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.WINDOW_START, 0),
+            first.setdefault(tuple(s.prompt), (len(s.tokens) - 1 - s.draft_memo.get(model_drafter.SKIPPED, 0),
                                                s.max_new_tokens - len(s.out), len(s.tokens) - 1))
         return out
 
@@ -189,8 +192,27 @@ def test_a_short_answer_takes_in_a_shorter_window(bundles, prompts, monkeypatch)
     long_prompts = [p * 2 for p in prompts[:6]]
     bad, _ = _mismatches(model, long_prompts, 3, k=3)
     assert bad == [] and first
-    assert all(entered == min(context, max(4, left)) for entered, left, context in first.values())
+    assert all(entered == min(context, 2 + max(4, left)) for entered, left, context in first.values())
     assert any(entered < context for entered, _, context in first.values())
+
+
+def test_a_cold_row_takes_in_the_prompts_head_and_its_window(monkeypatch):
+    """A long prompt enters the draft cache as its first DRAFT_SINK tokens and the window before the pending token,
+    and SKIPPED maps the slots after the sink back to their tokens; a short one enters whole."""
+    from types import SimpleNamespace
+
+    from specc.runtime.drafters import model as model_drafter
+
+    monkeypatch.setattr(model_drafter, "DRAFT_SINK", 3)
+    monkeypatch.setattr(model_drafter, "DRAFT_WINDOW_MIN", 4)
+    monkeypatch.setattr(model_drafter, "WINDOW_PER_NEW_TOKEN", 1)
+    seq = SimpleNamespace(tokens=list(range(100, 120)), out=[], max_new_tokens=5, draft_memo={})
+    entered = model_drafter._cold_tokens(seq)
+    assert entered == [100, 101, 102, 114, 115, 116, 117, 118]
+    skipped = seq.draft_memo[model_drafter.SKIPPED]
+    assert all(seq.tokens[i + skipped] == t for i, t in enumerate(entered) if i >= 3)
+    short = SimpleNamespace(tokens=list(range(8)), out=[], max_new_tokens=5, draft_memo={})
+    assert model_drafter._cold_tokens(short) == list(range(7)) and short.draft_memo[model_drafter.SKIPPED] == 0
 
 
 def test_float32_target_gives_a_token_the_same_bits_in_any_pass(bundles):

@@ -225,11 +225,13 @@ def test_early_stops_of_a_draft_model_keep_the_target_distribution(small_vocab):
 
 
 def test_a_draft_window_keeps_the_target_distribution(small_vocab, monkeypatch):
-    """A draft model that took in only the prompt's last 2 tokens proposes from less context (its own q);
-    the acceptance rule still yields the target's distribution (the rule's twin: test_broken_acceptance_rule_is_caught)."""
+    """A draft model that took in only the prompt's first token and last 2 proposes from less context (its own
+    q); the acceptance rule still yields the target's distribution (the rule's twin:
+    test_broken_acceptance_rule_is_caught)."""
     from specc.runtime.drafters import model as model_drafter
 
     monkeypatch.setattr(model_drafter, "DRAFT_WINDOW", 2)
+    monkeypatch.setattr(model_drafter, "DRAFT_SINK", 1)
     target, bundles = small_vocab
     params = PARAMS[0]
     assert len(PROMPT) > 3

@@ -22,20 +22,33 @@ DRAFT_WINDOW = 2048  # a row's draft cache takes in at most its last this many p
 # ... and at most WINDOW_PER_NEW_TOKEN per token the row may still generate, but never fewer than DRAFT_WINDOW_MIN:
 # a short answer repays only a short catch-up, and what a small draft proposes depends mostly on the last hundred
 # or so tokens (prompt lookup, in front of it, still sees the whole prompt)
-WINDOW_PER_NEW_TOKEN = 2
-DRAFT_WINDOW_MIN = 128
-WINDOW_START = "model:window_start"  # Request.draft_memo: the row's leading tokens its draft cache never took in
+WINDOW_PER_NEW_TOKEN = 1
+DRAFT_WINDOW_MIN = 64
+# ... behind the prompt's first DRAFT_SINK tokens: a chat template's header (system prompt, the user turn's
+# start) sets the role the draft writes in, and a small model that loses it drafts in another voice
+DRAFT_SINK = 32
+SKIPPED = "model:skipped"  # Request.draft_memo: the prompt tokens between the sink and the window, never taken in
 
 
-def _window_start(seq) -> int:
-    return seq.draft_memo.get(WINDOW_START, 0)
+def _skipped(seq) -> int:
+    """Tokens the row's draft cache skips: its slot i holds token i below DRAFT_SINK, token i + skipped above."""
+    return seq.draft_memo.get(SKIPPED, 0)
 
 
 def _window(seq) -> int:
-    """Prompt tokens a cold row's draft cache takes in: the catch-up is paid back only over the tokens the row
-    still generates, so a short answer to a long prompt drafts from its recent context alone."""
+    """Prompt tokens a cold row's draft cache takes in after the sink: the catch-up is paid back only over the
+    tokens the row still generates, so a short answer to a long prompt drafts from its recent context alone."""
     left = seq.max_new_tokens - len(seq.out)
     return min(DRAFT_WINDOW, max(DRAFT_WINDOW_MIN, WINDOW_PER_NEW_TOKEN * left))
+
+
+def _cold_tokens(seq) -> list[int]:
+    """What a cold row's draft cache takes in (all but the pending token): the sink and the window, or the whole
+    context where it is shorter than both; sets the row's SKIPPED."""
+    context = len(seq.tokens) - 1
+    skipped = max(0, context - DRAFT_SINK - _window(seq))
+    seq.draft_memo[SKIPPED] = skipped
+    return seq.tokens[:DRAFT_SINK] + seq.tokens[DRAFT_SINK + skipped:-1] if skipped else seq.tokens[:-1]
 
 
 class ModelDrafter(GraphDrafter):
@@ -45,10 +58,11 @@ class ModelDrafter(GraphDrafter):
     admission, so requests that are never drafted for (adaptive k at 0, a probe that skips cold
     rows) never pay for the draft's prefill. Rows far behind (new ones, or after plain rounds)
     catch up in a call of their own before the round, so they do not widen the others' feed.
-    A long prompt enters only its last DRAFT_WINDOW tokens (at positions from 0), fewer where the row
-    will generate little (`_window`): what the draft proposes depends mostly on the recent context, and
-    drafts never change what is accepted, so speculation adds a bounded prefill to a long prompt's,
-    in proportion to what it can save, instead of a second one nearly as long.
+    A long prompt enters only its first DRAFT_SINK tokens and its last DRAFT_WINDOW (at consecutive positions
+    from 0), fewer where the row will generate little (`_window`): what the draft proposes depends mostly on the
+    recent context and the role the header sets, and drafts never change what is accepted, so speculation adds
+    a bounded prefill to a long prompt's, in proportion to what it can save, instead of a second one nearly as
+    long.
     """
 
     def prefill(self, batch: Batch, ids: torch.Tensor, lengths: torch.Tensor, verdict) -> None:
@@ -65,9 +79,9 @@ class ModelDrafter(GraphDrafter):
         out = []
         for s, n in zip(batch.seqs, cache.lengths.tolist()):
             if n == 0:
-                out.append(min(len(s.tokens) - 1, _window(s)))
+                out.append(min(len(s.tokens) - 1, DRAFT_SINK + _window(s)))
             else:
-                lag = len(s.tokens) - 1 - _window_start(s) - n
+                lag = len(s.tokens) - 1 - _skipped(s) - n
                 out.append(lag if lag + 1 > CATCH_UP else 0)
         return out
 
@@ -80,12 +94,9 @@ class ModelDrafter(GraphDrafter):
         lag = self.behind(batch)
         rows = [b for b, d in enumerate(lag) if d and (take_in or lengths[b] > 0)]
         if rows:
-            for b in rows:
-                if lengths[b] == 0:
-                    s = batch.seqs[b]
-                    s.draft_memo[WINDOW_START] = max(0, len(s.tokens) - 1 - _window(s))
             sub = cache.take(rows)
-            todo = [batch.seqs[b].tokens[_window_start(batch.seqs[b]) + lengths[b]:-1] for b in rows]
+            todo = [_cold_tokens(batch.seqs[b]) if lengths[b] == 0 else
+                    batch.seqs[b].tokens[_skipped(batch.seqs[b]) + lengths[b]:-1] for b in rows]
             width = max(len(t) for t in todo)
             sub.ensure(int(sub.lengths.max()) + width)
             for lo in range(0, width, self.prefill_chunk):  # a long prompt in chunks, like the target's prefill
@@ -99,8 +110,8 @@ class ModelDrafter(GraphDrafter):
     def after_verify(self, batch: Batch, verdict) -> None:
         # Draft KV is valid up to the first rejected draft: no further than the target's.
         if batch.draft_state is not None:
-            start = torch.tensor([_window_start(s) for s in batch.seqs], device=batch.cache.lengths.device)
-            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths - start)
+            skipped = torch.tensor([_skipped(s) for s in batch.seqs], device=batch.cache.lengths.device)
+            batch.draft_state.lengths = torch.minimum(batch.draft_state.lengths, batch.cache.lengths - skipped)
 
     def propose(self, batch: Batch, params: RowParams, plan: DraftPlan) -> Proposal:
         start = time.perf_counter()
@@ -113,7 +124,7 @@ class ModelDrafter(GraphDrafter):
         # token, commit nothing and propose nothing.
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[_window_start(s) + n:]
+        feed, n_feed = pad_right([s.tokens[-1:] if b in cold else s.tokens[_skipped(s) + n:]
                                   for b, (s, n) in enumerate(zip(batch.seqs, lengths))], cache.lengths.device)
         drafting = torch.ones_like(n_feed)
         drafting[cold] = 0
@@ -135,7 +146,7 @@ class ModelDrafter(GraphDrafter):
         self.catch_up(batch)
         cache = self.cache(batch)
         lengths = cache.lengths.tolist()
-        feed, n_feed = pad_right([s.tokens[_window_start(s) + n:] for s, n in zip(batch.seqs, lengths)],
+        feed, n_feed = pad_right([s.tokens[_skipped(s) + n:] for s, n in zip(batch.seqs, lengths)],
                                  cache.lengths.device)
         cache.ensure(max(lengths) + feed.shape[1] + shape.size)
         logits, new_k, new_v = self.step(feed, cache, logit_index=(n_feed - 1)[:, None])

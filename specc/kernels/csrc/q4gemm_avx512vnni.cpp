@@ -121,9 +121,11 @@ void group_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, int64_
   }
 }
 
-// Rows of the next chunk when `left` remain: at most six (the registers' limit), chunks as even as possible.
+constexpr int64_t kMaxRows = 6;  // rows a chunk multiplies at once: the registers' limit
+
+// Rows of the next chunk when `left` remain: at most kMaxRows, chunks as even as possible.
 inline int64_t chunk_rows(int64_t left) {
-  const int64_t chunks = (left + 5) / 6;
+  const int64_t chunks = (left + kMaxRows - 1) / kMaxRows;
   return (left + chunks - 1) / chunks;
 }
 
@@ -135,9 +137,12 @@ void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w,
     const int64_t g = std::min(kGroup, p1 - p), n0 = p * kPanel;
     const uint8_t* panel = w + p * l.panel_bytes();
     const Window next = next_group(w, l, p + g, p1);
-    for (int64_t r = 0; r < m;) {
+    // every chunk of rows prefetches its share of the next group: memory stays busy while the later chunks
+    // multiply the group from the caches
+    const int64_t chunks = (m + kMaxRows - 1) / kMaxRows;
+    for (int64_t r = 0, i = 0; r < m; ++i) {
       const int64_t rows = chunk_rows(m - r);
-      const Window ahead = r == 0 ? next : Window{};
+      const Window ahead = next.part(i, chunks);
       switch (rows) {
         case 6: group_rows<6>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
         case 5: group_rows<5>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;

@@ -214,3 +214,52 @@ def test_bandwidth_lines_use_each_bundles_own_target_bytes(monkeypatch):
         assert systems["a only"]["target_gmac_per_second"] == 1.0 * 50 / 5.0
         assert systems["b spec"]["target_gmac_per_second"] == 2.0 * 100 / 5.0
         assert any("40 GMAC/s (10% of the peak)" in line for line in results["bandwidth_lines"])
+
+
+class _Clocked:
+    """A fake system whose speed is the machine's at the moment it runs: the log says when each one ran."""
+
+    def __init__(self, name: str, log: list, with_stats: bool):
+        self.name, self.log, self.with_stats, self.begun = name, log, with_stats, 0
+
+    def begin(self):
+        self.begun += 1
+
+    def run(self, prompts, max_new_tokens):
+        from specc.runtime.stats import RunStats
+
+        self.log.append((self.name, tuple(map(tuple, prompts))))
+        slow = 1.0 + len(self.log) / 10  # the machine slows down as the run goes on
+        tokens = [list(p) * 2 for p in prompts]
+        n = sum(map(len, tokens))
+        per_prompt = [{"prompt": i, "new_tokens": len(t), "seconds": slow} for i, t in enumerate(tokens)]
+        summary = {"requests": len(prompts), "new_tokens": n, "seconds": slow * len(prompts), "tokens_per_second": None,
+                   "prefill_seconds": 0.5, "draft_seconds": None, "target_seconds": None, "host_seconds": None}
+        out = {"summary": summary, "tokens": tokens, "per_prompt": per_prompt}
+        if self.with_stats:
+            out["stats"] = RunStats(requests=len(prompts), new_tokens=n, seconds=slow * len(prompts))
+        return out
+
+
+def test_systems_take_turns_prompt_by_prompt_and_each_run_adds_up():
+    """Systems alternate batch by batch, so a machine that slows during the run slows all of them alike; each
+    system's run holds every prompt in order, its figures added up over the batches."""
+    from specc.bench.run import take_turns
+
+    log = []
+    a, b = _Clocked("a", log, with_stats=True), _Clocked("b", log, with_stats=False)
+    prompts = [[1], [2, 2], [3], [4, 4, 4], [5]]
+    runs = take_turns([a, b], prompts, 8, repeats=2, batch_size=2)
+    assert [name for name, _ in log] == ["a", "b"] * 6 and a.begun == b.begun == 2
+    assert [p for name, p in log[:6] if name == "a"] == [((1,), (2, 2)), ((3,), (4, 4, 4)), ((5,),)]
+    for name in ("a", "b"):
+        assert len(runs[name]) == 2
+        run = runs[name][0]
+        assert run["tokens"] == [p * 2 for p in prompts] and "stats" not in run
+        assert [p["prompt"] for p in run["per_prompt"]] == [0, 1, 2, 3, 4]
+        assert run["summary"]["requests"] == 5 and run["summary"]["new_tokens"] == 16
+    # both systems met the same slowdown: equal speed, though b ran each batch just after a
+    first_a, first_b = runs["a"][0]["summary"], runs["b"][0]["summary"]
+    assert abs(first_a["seconds"] - first_b["seconds"]) <= 0.1 * 3 * 2
+    assert first_b["prefill_seconds"] == 1.5 and first_b["draft_seconds"] is None
+    assert first_b["tokens_per_second"] == 16 / first_b["seconds"]

@@ -1,8 +1,9 @@
 """`specc bench`: specc beside the baselines, on the same prompts and weights, in one run.
 
 Every system gets the same prompt token ids (encoded once with the bundle's tokenizer; chat
-prompts through its chat template), greedy decoding and the same max_new_tokens. Systems are
-alternated within each repeat so machine noise hits all of them alike; the median repeat (by
+prompts through its chat template), greedy decoding and the same max_new_tokens. Systems take
+turns prompt by prompt (a batch of prompts at a time) within each repeat, so that a machine whose
+speed drifts during the run (a shared VM) slows all of them alike; the median repeat (by
 aggregate tokens/s) is reported. Every output is compared token for token with the reference,
 system (1): `hf target-only` with `--compare hf` (bench_hf.py), else `specc target-only`.
 """
@@ -13,6 +14,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -136,15 +138,19 @@ class SpeccSystem:
         """k "auto": its policy learns from every call, so it is warmed up before it is timed."""
         return self.speculative and "tree" not in self.kwargs and self.kwargs.get("k", self.model.k) == "auto"
 
+    def begin(self) -> None:
+        """Called before each repeat's first prompt."""
+        if self.speculative and getattr(self.model, "suffix_cache", None) is not None:
+            # every repeat starts from the same cache (the --warm texts): outputs of these very prompts, from an
+            # earlier repeat or another system on the same bundle, would be drafts no real traffic offers
+            self.model.suffix_cache.reset()
+
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
-        """Generate every prompt, batch_size at a time; token ids, per-prompt figures and the aggregate."""
+        """Generate every prompt, batch_size at a time; token ids, per-prompt figures and the aggregate (`stats`,
+        the RunStats that `join_runs` adds up)."""
         from ..runtime.stats import RunStats
 
         tokens, per_prompt, total = [None] * len(prompts), [], RunStats()
-        if self.speculative and getattr(self.model, "suffix_cache", None) is not None:
-            # every run starts from the same cache (the --warm texts): outputs of these very prompts, from an
-            # earlier repeat or another system on the same bundle, would be drafts no real traffic offers
-            self.model.suffix_cache.reset()
         for lo in range(0, len(prompts), self.batch_size):
             done = self.model.generate(prompts[lo:lo + self.batch_size], max_new_tokens=max_new_tokens,
                                        temperature=0.0, **self.kwargs)
@@ -156,7 +162,8 @@ class SpeccSystem:
                                    "finish_reason": c.finish_reason, "seconds": seconds,
                                    "tokens_per_second": len(c.token_ids) / seconds if seconds else None, **c.stats})
             total.merge(call)
-        return {"summary": total.to_dict(), "tokens": tokens, "per_prompt": sorted(per_prompt, key=lambda p: p["prompt"])}
+        return {"summary": total.to_dict(), "tokens": tokens, "per_prompt": sorted(per_prompt, key=lambda p: p["prompt"]),
+                "stats": total}
 
 
 def target_build(manifest) -> str:
@@ -324,10 +331,35 @@ def check_bench_settings(repeats: int, batch_size: int, stop_below: list[float],
                          "drop --max-batch")
 
 
+ADDED_UP = ("requests", "new_tokens", "seconds", "prefill_seconds", "draft_seconds", "target_seconds", "host_seconds")
+
+
+def join_runs(parts: list[dict]) -> dict:
+    """One run of a system from its runs on consecutive slices of the prompts: tokens and per-prompt figures in
+    prompt order, the aggregate added up (a specc system's RunStats merged, so its rates are over the whole run)."""
+    tokens, per_prompt = [], []
+    for part in parts:
+        per_prompt += [{**p, "prompt": p["prompt"] + len(tokens)} for p in part["per_prompt"]]
+        tokens += part["tokens"]
+    if all("stats" in part for part in parts):
+        total = parts[0]["stats"].__class__()
+        for part in parts:
+            total.merge(part["stats"])
+        summary = total.to_dict()
+    else:
+        summary = dict(parts[0]["summary"])
+        for key in ADDED_UP:
+            values = [part["summary"].get(key) for part in parts]
+            summary[key] = None if None in values else sum(values)
+        summary["tokens_per_second"] = summary["new_tokens"] / summary["seconds"] if summary["seconds"] else None
+    return {"summary": summary, "tokens": tokens, "per_prompt": per_prompt}
+
+
 def measure(systems: list, model, prompts: list[list[int]], max_new_tokens: int, repeats: int,
-            progress: bool) -> dict[str, list]:
-    """Warm every system up, then run each on every prompt `repeats` times, alternating systems within each
-    repeat; each system's runs by name. model: the first bundle's (it encodes the warm-up prompts)."""
+            progress: bool, batch_size: int = 1) -> dict[str, list]:
+    """Warm every system up, then run each on every prompt `repeats` times, the systems taking turns batch by
+    batch (batch_size prompts) within each repeat; each system's runs by name. model: the first bundle's (it
+    encodes the warm-up prompts)."""
     for s in systems:  # warm-up: first calls pay for allocation and kernel selection
         s.run(prompts[:1], 4)
     fits = min(map(len, prompts))  # a prompt this long fits the bundles at this budget: warm-up prompts keep their ends
@@ -335,14 +367,27 @@ def measure(systems: list, model, prompts: list[list[int]], max_new_tokens: int,
     for s in systems:  # and k auto learns its costs and acceptance on other prompts, as a running server has
         if getattr(s, "adaptive", False):
             s.run(warmup, max_new_tokens)
+    batches = -(-len(prompts) // batch_size)
+    with tqdm(total=repeats * batches, desc="bench", unit="batch", file=sys.stderr, disable=not progress) as bar:
+        return take_turns(systems, prompts, max_new_tokens, repeats, batch_size, bar.update)
+
+
+def take_turns(systems: list, prompts: list[list[int]], max_new_tokens: int, repeats: int, batch_size: int = 1,
+               done: Callable[[], object] = lambda: None) -> dict[str, list]:
+    """Each system's `repeats` runs over every prompt, by name; the systems take turns batch by batch (batch_size
+    prompts), and `done` is called after each batch that every system has run."""
     runs: dict[str, list] = {s.name: [] for s in systems}
-    with tqdm(total=repeats * len(systems), desc="bench", unit="system", file=sys.stderr,
-              disable=not progress) as bar:
-        for _ in range(repeats):
+    slices = [prompts[lo:lo + batch_size] for lo in range(0, len(prompts), batch_size)]
+    for _ in range(repeats):
+        parts: dict[str, list] = {s.name: [] for s in systems}
+        for s in systems:
+            getattr(s, "begin", lambda: None)()
+        for piece in slices:
             for s in systems:
-                bar.set_postfix_str(s.name)
-                runs[s.name].append(s.run(prompts, max_new_tokens))
-                bar.update()
+                parts[s.name].append(s.run(piece, max_new_tokens))
+            done()
+        for s in systems:
+            runs[s.name].append(join_runs(parts[s.name]))
     return runs
 
 
@@ -350,7 +395,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
               repeats: int = 1, json_path: Path | None = None, batch_size: int = 1, seed: int = 0,
               compare: str | None = None, progress: bool = True, llamacpp: dict | None = None,
               stop_below: list[float] = (), llamacpp_servers: list[str] = ()) -> dict:
-    """Measure every system on every prompt, alternating systems within each repeat; print a table,
+    """Measure every system on every prompt, the systems taking turns batch by batch; print a table,
     optionally write JSON (plus a Markdown table and a PNG beside it); returns the results.
 
     All bundles must share one target model. compare="hf" adds the Hugging Face systems of
@@ -358,8 +403,8 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
     `hf target-only` the reference. compare="llamacpp" adds llama.cpp target-only and speculative
     (bench/llamacpp.py; `llamacpp` holds target_gguf, draft_gguf, threads) after specc's systems,
     with a bandwidth line per target. llamacpp_servers: running llama-servers (`[LABEL=]URL`,
-    bench/llamacpp_server.py), one system each, after those. progress: a bar on stderr, one step per system
-    run. stop_below: draft.stop_below thresholds to measure each chain at (`specc_systems`).
+    bench/llamacpp_server.py), one system each, after those. progress: a bar on stderr, one step per batch of
+    prompts that every system has run. stop_below: draft.stop_below thresholds to measure each chain at (`specc_systems`).
     """
     from .report import summary_table, write_outputs
 
@@ -387,7 +432,7 @@ def run_bench(models: list, items: list[dict], max_new_tokens: int = 64, k_value
 
         systems += server_systems(list(llamacpp_servers), sorted(models[0].eos_ids),
                                   LLAMACPP_TARGET_ONLY if compare == "llamacpp" else None)
-    runs = measure(systems, models[0], prompts, max_new_tokens, repeats, progress)
+    runs = measure(systems, models[0], prompts, max_new_tokens, repeats, progress, batch_size)
     results = {
         "reference": systems[0].name, "compare": compare, "max_new_tokens": max_new_tokens, "prompts": len(items),
         "prompt_kinds": {k: sum(it["kind"] == k for it in items) for k in sorted({it["kind"] for it in items})},

@@ -191,9 +191,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
 
     stop_below: draft.stop_below thresholds to measure at the best k beside its full chains (drafters of one
     token at a time); the fastest of them, or 0 if full chains win, is `best_stop_below`. progress: a bar on
-    stderr, one step for the cost timings, one per prompt of the acceptance run, one per check run.
+    stderr, one step for the cost timings, one per prompt of the acceptance run, one per prompt every check ran.
     """
-    from .run import encode_prompts, median_run
+    from .run import encode_prompts, median_run, take_turns
 
     _check_tune_args(model, k_max, max_new_tokens, repeats, timing_prompts, check_k, stop_below)
     prompts = encode_prompts(model, items)
@@ -221,13 +221,9 @@ def run_tune(model, items: list[dict], k_max: int = 8, max_new_tokens: int = 64,
                                                   if k != "auto" and 1 <= k <= k_max}
                     | ({best} if stop_below else set()))  # the stop thresholds compare with the best k's full chains
         systems, as_compiled, stops = _check_systems(model, ks, best, stop_below)
-        runs: dict[str, list] = {s.name: [] for s in systems}
-        bar.total += repeats * len(systems)
-        for _ in range(repeats):
-            for s in systems:
-                bar.set_postfix_str(f"check {s.name}")
-                runs[s.name].append(s.run(prompts, max_new_tokens))
-                bar.update()
+        bar.total += repeats * len(prompts)
+        bar.set_postfix_str(f"check k={', '.join(map(str, ks))}")
+        runs = take_turns(systems, prompts, max_new_tokens, repeats, done=bar.update)
     base = median_run(runs["target-only"])["summary"]
     if base["new_tokens"] <= base["requests"]:
         raise SpeccError("target-only decoding ended every prompt at its first token (end of sequence): nothing to "

@@ -295,7 +295,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # long: one flat tabl
     p.add_argument("--stop-below", type=float, action="append", metavar="P",
                    help="measure each chain of a draft model or EAGLE head at this draft.stop_below instead of the "
                         "recipe's: a row's chain ends after a draft below probability P (repeatable; 0: never)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each system, alternated; the median is reported")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="passes over the prompts (the systems take turns prompt by prompt); the median pass is reported")
     p.add_argument("--per-kind", type=int, metavar="N", help="the first N prompts of each kind (a Spec-Bench category, "
                    "code, chat) of --prompts FILE: a sample per category (default: every prompt)")
     batch = p.add_argument("--max-batch", type=int, default=1, help="prompts per generate call (rows per round)")

@@ -342,7 +342,9 @@ def join_runs(parts: list[dict]) -> dict:
         per_prompt += [{**p, "prompt": p["prompt"] + len(tokens)} for p in part["per_prompt"]]
         tokens += part["tokens"]
     if all("stats" in part for part in parts):
-        total = parts[0]["stats"].__class__()
+        from ..runtime.stats import RunStats
+
+        total = RunStats()
         for part in parts:
             total.merge(part["stats"])
         summary = total.to_dict()

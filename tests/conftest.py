@@ -144,3 +144,12 @@ def prompts() -> list[str]:
     alphabet = "abcdefghijklmnopqrstuvwxyz  ,.()=:\n"
     out = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(60)]
     return [p * 3 if i % 3 == 0 else p for i, p in enumerate(out)]
+
+
+@pytest.fixture
+def whole_draft_context(monkeypatch):
+    """A draft model's cache takes in every test prompt whole (no sink and window): for tests whose draft is the
+    target itself and so must have every draft accepted."""
+    from specc.runtime.drafters import model as model_drafter
+
+    monkeypatch.setattr(model_drafter, "DRAFT_WINDOW_MIN", model_drafter.DRAFT_WINDOW)

@@ -53,7 +53,7 @@ def test_the_model_arm_drafts_with_the_model_where_lookup_finds(bundles, prompts
     assert stats.rounds == len(asked) and stats.front_rounds == sum(arm == "lookup" for arm, _ in asked)
 
 
-def test_draft_model_reports_what_it_must_take_in(bundles, prompts):
+def test_draft_model_reports_what_it_must_take_in(bundles, prompts, whole_draft_context):
     """`behind` is what the next drafting round's catch-up enters: the prompts (but the pending token) of
     rows not taken in yet, then nothing."""
     model = specc.load(bundles["draft"])
@@ -133,7 +133,7 @@ def test_flipping_policy_really_flips(bundles, prompts, monkeypatch):
     assert len(set(chosen)) >= 4 and sum(a != b for a, b in zip(chosen, chosen[1:])) > len(chosen) // 2
 
 
-def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monkeypatch):
+def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monkeypatch, whole_draft_context):
     """A draft model takes in a prompt only in the first round that drafts for its row (none at
     admission); an idle probe leaves rows it has not taken in without drafts. With the target as its
     own draft every draft made must still be accepted (a catch-up at wrong positions would not be),
@@ -160,7 +160,7 @@ def test_draft_prefill_is_lazy_and_probes_skip_cold_rows(bundles, prompts, monke
     assert [done[i] for i in range(10)] == [c.token_ids for c in slow]
 
 
-def test_a_probe_takes_in_a_lone_row(bundles, prompts):
+def test_a_probe_takes_in_a_lone_row(bundles, prompts, whole_draft_context):
     """At batch 1 a probe that skipped the row would draft nothing and the arm would never be measured:
     it takes the row in. With the target as its own draft every draft is accepted; output is the target's."""
     class AlwaysProbe(AdaptiveK):

@@ -61,7 +61,7 @@ def test_always_wrong_draft_accepts_nothing_and_still_matches(bundles, prompts, 
 
 
 @pytest.mark.parametrize("name", ["self", "tree_self"])
-def test_draft_equal_to_target_accepts_everything(bundles, prompts, name):
+def test_draft_equal_to_target_accepts_everything(bundles, prompts, name, whole_draft_context):
     model = specc.load(bundles[name])
     bad, stats = _mismatches(model, prompts, 4, k=4)
     assert bad == []
@@ -77,7 +77,7 @@ def test_lookup_first_uses_both_drafters(bundles, prompts):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch):
+def test_lookup_first_keeps_the_model_cache_in_step(bundles, prompts, batch, whole_draft_context):
     """Draft = target behind prompt lookup: every model round must accept all its drafts, which only
     holds if the draft cache catches up on the tokens that lookup rounds committed."""
     from specc.runtime.drafters import FrontDrafter, PromptLookupDrafter

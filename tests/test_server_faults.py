@@ -31,7 +31,8 @@ INNOCENT = {"model": "tiny", "max_tokens": 60, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def server(bundles):
-    s = Server(create_app(specc.load(bundles["draft"]), name="tiny"))
+    # a fixed k: every round after prefill verifies drafts (k auto may decode plainly for a whole request)
+    s = Server(create_app(specc.load(bundles["draft"]), name="tiny", k=3))
     yield s
     s.stop()
 
@@ -250,11 +251,11 @@ def test_a_row_failure_keeps_no_frames_alive(caplog):
 
 
 def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_goes_on(server, monkeypatch, capsys):
-    real, armed = Verifier.chain, threading.Event()
+    real, armed, fired = Verifier.chain, threading.Event(), []
 
     def broken(self, *args, **kwargs):
-        if armed.is_set():
-            armed.clear()
+        if not fired:  # the first round after prefill waits until the stream has begun, however fast the machine
+            fired.append(armed.wait(60))
             raise RuntimeError("injected shared-pass fault")
         return real(self, *args, **kwargs)
 
@@ -267,6 +268,7 @@ def test_a_failing_shared_pass_ends_its_batch_with_a_500_event_and_the_server_go
     armed.set()
     t.join(120)
     status, events = out[0]
+    assert fired == [True], "no verify pass ran after the stream began"
     assert status == 200 and events[-1] == "[DONE]", events
     err = json.loads(events[-2])["error"]
     assert err["code"] == "batch_failed" and err["type"] == "server_error", err

@@ -42,12 +42,16 @@ def _window(seq) -> int:
     return min(DRAFT_WINDOW, max(DRAFT_WINDOW_MIN, WINDOW_PER_NEW_TOKEN * left))
 
 
+def _to_skip(seq) -> int:
+    """Context tokens (all but the pending one) between the sink and the window of a cold row: 0 where the context
+    is no longer than both."""
+    return max(0, len(seq.tokens) - 1 - DRAFT_SINK - _window(seq))
+
+
 def _cold_tokens(seq) -> list[int]:
     """What a cold row's draft cache takes in (all but the pending token): the sink and the window, or the whole
     context where it is shorter than both; sets the row's SKIPPED."""
-    context = len(seq.tokens) - 1
-    skipped = max(0, context - DRAFT_SINK - _window(seq))
-    seq.draft_memo[SKIPPED] = skipped
+    skipped = seq.draft_memo[SKIPPED] = _to_skip(seq)
     return seq.tokens[:DRAFT_SINK] + seq.tokens[DRAFT_SINK + skipped:-1] if skipped else seq.tokens[:-1]
 
 
@@ -79,7 +83,7 @@ class ModelDrafter(GraphDrafter):
         out = []
         for s, n in zip(batch.seqs, cache.lengths.tolist()):
             if n == 0:
-                out.append(min(len(s.tokens) - 1, DRAFT_SINK + _window(s)))
+                out.append(len(s.tokens) - 1 - _to_skip(s))
             else:
                 lag = len(s.tokens) - 1 - _skipped(s) - n
                 out.append(lag if lag + 1 > CATCH_UP else 0)

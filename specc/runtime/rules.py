@@ -26,12 +26,13 @@ import json
 import logging
 import math
 import numbers
+import traceback
 import uuid
 from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import RequestError, UnsatisfiableOutputError
+from ..errors import RequestError, UnsatisfiableOutputError, escape_control
 
 # a penalty p scales logits by 1/p or p: beyond these, float32 logits overflow to inf or collapse to ties
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
@@ -56,6 +57,14 @@ RowFailure = RequestError | RowFault  # why a request ended alone (finish_reason
 def fault_reference() -> str:
     """A fresh reference for a failure's log line: what a client is told instead of the failure's own text."""
     return uuid.uuid4().hex[:12]
+
+
+def fault_log(what: str, exc: BaseException) -> tuple[str, str]:
+    """A fresh reference for a failure and its log line: what failed, the reference and the traceback (control
+    characters escaped but newlines, since the text may carry a request's data)."""
+    reference = fault_reference()
+    trace = escape_control("".join(traceback.format_exception(exc)), keep="\n")
+    return reference, f"{what} (reference {reference}):\n{trace}"
 
 
 def row_failure(exc: BaseException) -> RowFailure:

@@ -29,7 +29,7 @@ except ImportError:  # transformers renders chat templates with jinja2; without 
 from ..errors import RequestError
 from ..runtime.model import SpecModel
 from ..runtime.engine_thread import EngineThread
-from ..runtime.rules import Rules, fault_reference
+from ..runtime.rules import Rules, fault_log
 from ..runtime.scheduler import StreamEvent
 from ..speculation.sampling import SamplingParams
 from .memory import trim
@@ -272,8 +272,8 @@ class AsyncEngine(EngineThread):
         """A round failed: every request in the batch (or being prefilled) gets the error; a fresh Scheduler
         goes on, with the requests still waiting for a row, which never ran. Clients get a reference to the logged
         traceback, not the exception's text, which may show internals (or another request's data)."""
-        reference = fault_reference()
-        self.log(f"specc serve: a round failed (reference {reference}):\n{traceback.format_exc()}")
+        reference, line = fault_log("specc serve: a round failed", exc)
+        self.log(line)
         message = (f"the engine failed on the batch this request ran in (reference {reference} in the server's "
                    "log); the server goes on, retry the request")
         waiting = list(self.scheduler.waiting)

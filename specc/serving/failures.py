@@ -2,7 +2,6 @@
 (counted in the metrics by `fail`), and what the engine reports of a failed request as the APIError it is."""
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -11,7 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..errors import escape_control
-from ..runtime.rules import fault_reference
+from ..runtime.rules import fault_log
 from .engine import Failed, ShuttingDown
 from .schemas import APIError
 
@@ -38,9 +37,8 @@ def add_error_handlers(app: FastAPI, fail: Fail, log=print) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         # the client gets a reference to the logged traceback, not the exception's text, which may show internals
-        reference = fault_reference()
-        trace = escape_control("".join(traceback.format_exception(exc)), keep="\n")
-        log(f"specc serve: internal error on {escape_control(request.url.path)} (reference {reference}):\n{trace}")
+        reference, line = fault_log(f"specc serve: internal error on {escape_control(request.url.path)}", exc)
+        log(line)
         message = f"internal error (reference {reference} in the server's log); the server goes on, retry the request"
         return fail(500, APIError(500, message, type="server_error", code="internal_error").body())
 

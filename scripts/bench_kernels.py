@@ -15,7 +15,10 @@ weight adding up to 128 MB, so every call reads its weights from DRAM, as decodi
 
 --bundle times whole passes instead: the bundle's own target and draft graphs (ONNX Runtime, as the runtime opens
 them) on passes of M tokens over a cache of --cache positions, so the M=5 / M=1 column is what a 4-token verify
-costs against a decode step, and the memory line is the target's weight bytes over the copy bandwidth.
+costs against a decode step, and the memory line is the target's weight bytes over the copy bandwidth. It then
+times --wall-pairs pairs of a copy benchmark and a 1-token target pass back to back: a shared machine's bandwidth
+drifts within a run, and each pair's ratio (the weights' memory time at that copy bandwidth over the pass) says how
+close decoding is to the memory wall whatever the drift.
 """
 from __future__ import annotations
 
@@ -197,6 +200,24 @@ def bundle_systems(bundle: Path, cache: int, room: int) -> tuple[dict, dict, int
     return systems, macs, target_bytes
 
 
+def wall_pairs(target_pass, weight_bytes: int, pairs: int, calls: int = 5) -> dict:
+    """`pairs` back-to-back measurements of the copy bandwidth and of a 1-token target pass (median of `calls`);
+    each pair's share of the wall is the weights' memory time at that bandwidth over the pass's time."""
+    x = np.zeros((1, 1), np.float32)
+    out = []
+    for _ in range(pairs):
+        gbps = copy_bandwidth(repeats=2)
+        samples = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            target_pass(x)
+            samples.append(time.perf_counter() - start)
+        ms = statistics.median(samples) * 1e3
+        out.append({"copy_gb_per_second": gbps, "pass_ms": ms, "share": weight_bytes / (gbps * 1e9) * 1e3 / ms})
+    shares = sorted(p["share"] for p in out)
+    return {"pairs": out, "median_share": statistics.median(shares), "min_share": shares[0], "max_share": shares[-1]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8960, help="output size (default: Qwen2.5-1.5B's gate/up projection)")
@@ -207,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--bundle", type=Path, help="time the bundle's target and draft passes instead of one layer")
     ap.add_argument("--cache", type=int, default=512, help="cached positions before each timed pass (--bundle)")
+    ap.add_argument("--wall-pairs", type=int, default=15, metavar="N",
+                    help="copy-benchmark and 1-token target-pass pairs timed back to back (--bundle; 0: none)")
     args = ap.parse_args(argv)
     threads = usable_cores()
     gbps = copy_bandwidth()
@@ -227,6 +250,11 @@ def main(argv=None) -> int:
         ms = time_system(builder, copies, args.k, args.rows, args.repeats)
         macs = macs_per_row[name] * max(args.rows)
         systems[name] = {"ms": ms, "gmac_per_second": macs / (ms[str(max(args.rows))] * 1e-3) / 1e9}
+    wall = None
+    if args.bundle and args.wall_pairs > 0:
+        print(f"timing {args.wall_pairs} pairs of a copy and a 1-token target pass ...", file=sys.stderr)
+        target = next(b for name, b in builders.items() if name.startswith("target pass"))
+        wall = wall_pairs(target(), int4_bytes, args.wall_pairs)
     peaks = {isa: kernels.dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
     for name, s in systems.items():
         isa = next((i for i in peaks if name.endswith(f"{i}, direct") or f"({i})" in name), None)
@@ -240,7 +268,7 @@ def main(argv=None) -> int:
                  {"n": args.n, "k": args.k, "weights": args.weights}),
               "rows": args.rows, "int4_weight_bytes": int4_bytes,
               "copy_gb_per_second": gbps, "memory_ms": memory_ms, "dot_peak_gmac_per_second": peaks,
-              "systems": systems}
+              "systems": systems, **({"wall": wall} if wall else {})}
     from specc.bench.results import kernel_table
 
     print(kernel_table({**result, "run": "this run", "systems": [{**s, "name": k} for k, s in systems.items()]}))

@@ -209,6 +209,11 @@ def test_bandwidth_lines_use_each_bundles_own_target_bytes(monkeypatch):
     llamacpp.annotate(results, [bundle("/b/a", 1_000_000_000), bundle("/b/b", 2_000_000_000)], {})
     assert [systems[n]["weight_bytes_per_pass"] for n in ("a only", "b only", "b spec")] == [1e9, 2e9, 2e9]
     assert systems["b spec"]["weight_gb_per_second"] == 2.0 * 5.0
+    # decoding alone (target-only): 50 one-token passes in the target's 5 s, the prefill left out
+    assert systems["a only"]["decode_weight_gb_per_second"] == 1.0 * 50 / 5.0
+    assert "decode_weight_gb_per_second" not in systems["b spec"]
+    assert any("decoding alone: 10.00 passes/s = 10.00 GB/s (50% of the copy bandwidth)" in line
+               for line in results["bandwidth_lines"])
     if kernels.available():  # MACs in target passes: rows verified (rounds + drafts; target-only, tokens after the
         # first) x MACs per row, over the target's seconds, against the dot peak
         assert systems["a only"]["target_gmac_per_second"] == 1.0 * 50 / 5.0

@@ -272,3 +272,12 @@ def test_kinds_view_reports_each_category_against_the_reference():
     assert f"({ratio:.2f}x)" in rows["code"]
     with pytest.raises(results.SpeccError, match="a table shows one run"):
         results.render_region(f"{run['run']},{run['run']} kinds", {run["run"]: run})
+
+
+def test_kernel_table_states_the_pass_against_the_copy_bandwidth_beside_it():
+    """A pass table with wall pairs (scripts/bench_kernels.py --wall-pairs) states their median share and range."""
+    run = results.load(ROOT / "docs" / "results" / "2026-12-07-kernels-passes-zen5-c.json")
+    assert "copy bandwidth measured just before it" not in results.kernel_table(run)
+    pairs = [{"copy_gb_per_second": 40.0, "pass_ms": 25.0, "share": s} for s in (0.8, 0.9, 0.7)]
+    text = results.kernel_table({**run, "wall": {"pairs": pairs, "median_share": 0.8, "min_share": 0.7, "max_share": 0.9}})
+    assert "3 pairs: the weights' memory time is 80% of the pass's time (median; 70% to 90%)" in text

@@ -307,6 +307,12 @@ def annotate(results: dict, models: list, opts: dict) -> None:
         r["weight_bytes_per_pass"], r["weight_gb_per_second"] = per_pass, per_pass * passes / 1e9
         lines.append(f"  {name}: {per_pass / 1e6:.0f} MB/pass x {passes:.2f} passes/s = {r['weight_gb_per_second']:.2f} GB/s "
                      f"({100 * r['weight_gb_per_second'] / gbps:.0f}% of the copy bandwidth)")
+        if r["family"] == "specc" and not r["speculative"] and r.get("target_seconds"):
+            # decoding alone: every token after a prompt's first is one 1-token pass, timed without the prefill
+            steps = (r["new_tokens"] - r["requests"]) / r["target_seconds"]
+            r["decode_weight_gb_per_second"] = per_pass * steps / 1e9
+            lines.append(f"    decoding alone: {steps:.2f} passes/s = {r['decode_weight_gb_per_second']:.2f} GB/s "
+                         f"({100 * r['decode_weight_gb_per_second'] / gbps:.0f}% of the copy bandwidth)")
     results["bandwidth"] = {"copy_gb_per_second": gbps, "weight_bytes_per_pass": weights}
     results["bandwidth_lines"] = lines + compute_lines(results, models, opts.get("threads"))
 

@@ -165,6 +165,11 @@ def kernel_table(run: dict) -> str:
         cells += [_num(s.get("gmac_per_second"), 0), f"{100 * share:.0f}%" if share is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("| memory time of the int4 weights | " + " | ".join([_num(run["memory_ms"], 3)] + [""] * (len(head) - 2)) + " |")
+    wall = run.get("wall")
+    if wall:
+        lines += ["", f"A 1-token target pass against the copy bandwidth measured just before it, {len(wall['pairs'])} "
+                      f"pairs: the weights' memory time is {100 * wall['median_share']:.0f}% of the pass's time "
+                      f"(median; {100 * wall['min_share']:.0f}% to {100 * wall['max_share']:.0f}%)."]
     peaks = ", ".join(f"{isa} {v:.0f}" for isa, v in run.get("dot_peak_gmac_per_second", {}).items())
     note = (f"*Run `{run['run']}` (measured by `{run.get('measured_by')}`): {run.get('date')}, {machine_text(run)}; "
             f"{run['title']}, {run.get('threads')} threads, median ms per call; "

@@ -18,12 +18,18 @@ them) on passes of M tokens over a cache of --cache positions, so the M=5 / M=1 
 costs against a decode step, and the memory line is the target's weight bytes over the copy bandwidth. It then
 times --wall-pairs pairs of a copy benchmark and a 1-token target pass back to back: a shared machine's bandwidth
 drifts within a run, and each pair's ratio (the weights' memory time at that copy bandwidth over the pass) says how
-close decoding is to the memory wall whatever the drift.
+close decoding is to the memory wall whatever the drift. With --llama-bench BIN --gguf FILE, llama.cpp's decoding
+takes turns with specc's the same way (llama-bench, 32 tokens after --cache tokens of context, its own weight bytes):
+
+    python scripts/bench_kernels.py --bundle BUNDLE --rows 1 5 --llama-bench ~/.cache/specc/llama.cpp/VERSION/bin/llama-bench \
+                                    --gguf ~/.cache/specc/gguf/qwen2.5-coder-1.5b-instruct.gguf
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
 import datetime
 import json
 import statistics
@@ -200,22 +206,50 @@ def bundle_systems(bundle: Path, cache: int, room: int) -> tuple[dict, dict, int
     return systems, macs, target_bytes
 
 
-def wall_pairs(target_pass, weight_bytes: int, pairs: int, calls: int = 5) -> dict:
-    """`pairs` back-to-back measurements of the copy bandwidth and of a 1-token target pass (median of `calls`);
-    each pair's share of the wall is the weights' memory time at that bandwidth over the pass's time."""
+def specc_decode_ms(target_pass, calls: int = 5):
+    """A callable timing a 1-token pass of the bundle's target: ms, the median of `calls`."""
     x = np.zeros((1, 1), np.float32)
-    out = []
-    for _ in range(pairs):
-        gbps = copy_bandwidth(repeats=2)
+
+    def ms() -> float:
         samples = []
         for _ in range(calls):
             start = time.perf_counter()
             target_pass(x)
             samples.append(time.perf_counter() - start)
-        ms = statistics.median(samples) * 1e3
+        return statistics.median(samples) * 1e3
+    return ms
+
+
+def llama_decode_ms(binary: Path, gguf: Path, threads: int, depth: int):
+    """A callable timing llama.cpp's decoding with llama-bench: ms per token of 32 tokens after `depth` tokens of
+    context (its libraries beside the binary, as scripts/build_llamacpp.sh installs them)."""
+    libs = os.pathsep.join(filter(None, [str(binary.parent), os.environ.get("LD_LIBRARY_PATH")]))
+    env = {**os.environ, "LD_LIBRARY_PATH": libs}
+    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "32", "-d", str(depth), "-r", "1", "-o", "json"]
+
+    def ms() -> float:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise SystemExit(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        return 1e3 / json.loads(done.stdout)[0]["avg_ts"]
+    return ms
+
+
+def wall_pairs(decode_ms, weight_bytes: int, pairs: int) -> dict:
+    """`pairs` back-to-back measurements of the copy bandwidth and of a decode step (`decode_ms()`); each pair's
+    share of the wall is the weights' memory time at that bandwidth over the step's time."""
+    out = []
+    for _ in range(pairs):
+        gbps = copy_bandwidth(repeats=2)
+        ms = decode_ms()
         out.append({"copy_gb_per_second": gbps, "pass_ms": ms, "share": weight_bytes / (gbps * 1e9) * 1e3 / ms})
-    shares = sorted(p["share"] for p in out)
-    return {"pairs": out, "median_share": statistics.median(shares), "min_share": shares[0], "max_share": shares[-1]}
+    return summarise_wall(out, weight_bytes)
+
+
+def summarise_wall(pairs: list[dict], weight_bytes: int) -> dict:
+    shares = sorted(p["share"] for p in pairs)
+    return {"pairs": pairs, "weight_bytes": weight_bytes, "median_share": statistics.median(shares),
+            "min_share": shares[0], "max_share": shares[-1]}
 
 
 def main(argv=None) -> int:
@@ -230,7 +264,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=int, default=512, help="cached positions before each timed pass (--bundle)")
     ap.add_argument("--wall-pairs", type=int, default=15, metavar="N",
                     help="copy-benchmark and 1-token target-pass pairs timed back to back (--bundle; 0: none)")
+    ap.add_argument("--llama-bench", type=Path, metavar="BIN", help="llama.cpp's llama-bench: its decoding in the wall pairs too")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama-bench decodes (with --llama-bench)")
     args = ap.parse_args(argv)
+    if bool(args.llama_bench) != bool(args.gguf) or (args.llama_bench and not args.bundle):
+        ap.error("--llama-bench and --gguf go together, with --bundle")
+    for path in filter(None, (args.llama_bench, args.gguf)):
+        if not path.is_file():
+            ap.error(f"{path}: no such file")
     threads = usable_cores()
     gbps = copy_bandwidth()
     if args.bundle:
@@ -254,7 +295,20 @@ def main(argv=None) -> int:
     if args.bundle and args.wall_pairs > 0:
         print(f"timing {args.wall_pairs} pairs of a copy and a 1-token target pass ...", file=sys.stderr)
         target = next(b for name, b in builders.items() if name.startswith("target pass"))
-        wall = wall_pairs(target(), int4_bytes, args.wall_pairs)
+        specc_ms = specc_decode_ms(target())
+        if args.llama_bench:
+            from specc.bench.llamacpp import gguf_weight_bytes
+
+            llama_ms = llama_decode_ms(args.llama_bench, args.gguf, threads, args.cache)
+            llama_bytes = gguf_weight_bytes(args.gguf)
+            wall, llama = {"pairs": []}, {"pairs": []}
+            for _ in range(args.wall_pairs):  # the two take turns, so that drift meets both alike
+                wall["pairs"] += wall_pairs(specc_ms, int4_bytes, 1)["pairs"]
+                llama["pairs"] += wall_pairs(llama_ms, llama_bytes, 1)["pairs"]
+            wall, llama = (summarise_wall(w["pairs"], b) for w, b in ((wall, int4_bytes), (llama, llama_bytes)))
+            wall["llamacpp"] = {**llama, "binary": args.llama_bench.name, "gguf": args.gguf.name}
+        else:
+            wall = wall_pairs(specc_ms, int4_bytes, args.wall_pairs)
     peaks = {isa: kernels.dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}
     for name, s in systems.items():
         isa = next((i for i in peaks if name.endswith(f"{i}, direct") or f"({i})" in name), None)

@@ -281,3 +281,7 @@ def test_kernel_table_states_the_pass_against_the_copy_bandwidth_beside_it():
     pairs = [{"copy_gb_per_second": 40.0, "pass_ms": 25.0, "share": s} for s in (0.8, 0.9, 0.7)]
     text = results.kernel_table({**run, "wall": {"pairs": pairs, "median_share": 0.8, "min_share": 0.7, "max_share": 0.9}})
     assert "3 pairs: the weights' memory time is 80% of the pass's time (median; 70% to 90%)" in text
+    llama = {"pairs": pairs, "median_share": 0.75, "min_share": 0.7, "max_share": 0.9, "binary": "llama-bench",
+             "gguf": "q.gguf", "weight_bytes": 980e6}
+    wall = {"pairs": pairs, "median_share": 0.8, "min_share": 0.7, "max_share": 0.9, "llamacpp": llama}
+    assert "q.gguf, 980 MB of weights a token), taking turns with it: 75% (70% to 90%)" in results.kernel_table({**run, "wall": wall})

@@ -170,6 +170,11 @@ def kernel_table(run: dict) -> str:
         lines += ["", f"A 1-token target pass against the copy bandwidth measured just before it, {len(wall['pairs'])} "
                       f"pairs: the weights' memory time is {100 * wall['median_share']:.0f}% of the pass's time "
                       f"(median; {100 * wall['min_share']:.0f}% to {100 * wall['max_share']:.0f}%)."]
+        llama = wall.get("llamacpp")
+        if llama:
+            lines[-1] += (f" llama.cpp's decoding (`{llama['binary']}`, {llama['gguf']}, {llama['weight_bytes'] / 1e6:.0f} MB "
+                          f"of weights a token), taking turns with it: {100 * llama['median_share']:.0f}% "
+                          f"({100 * llama['min_share']:.0f}% to {100 * llama['max_share']:.0f}%).")
     peaks = ", ".join(f"{isa} {v:.0f}" for isa, v in run.get("dot_peak_gmac_per_second", {}).items())
     note = (f"*Run `{run['run']}` (measured by `{run.get('measured_by')}`): {run.get('date')}, {machine_text(run)}; "
             f"{run['title']}, {run.get('threads')} threads, median ms per call; "

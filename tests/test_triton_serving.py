@@ -188,8 +188,8 @@ def test_engine_failure_fails_the_batch_and_the_model_recovers(split, reference)
     wait(doomed)
     for r in doomed:
         assert r.sender.error.code() == "INTERNAL"
-        assert "model 'spec_target': model spec_target is not loaded" in r.sender.error.message()
-    assert any("speculative round failed" in m for m in triton_fakes.LOG)
+        assert "reference " in r.sender.error.message()  # the cause is in the log, under that reference
+    assert any("a speculative round failed" in m and "model spec_target is not loaded" in m for m in triton_fakes.LOG)
     triton_fakes.MODELS["spec_target"] = target
     again = [request(PROMPTS[0], max_tokens=8)]
     split.execute(again)
@@ -224,6 +224,35 @@ def test_chat_template_and_a_request_that_fails_to_prepare(in_process, reference
     in_process.execute([boom, chat])
     wait([boom, chat])
     assert boom.sender.error.code() == "INTERNAL"
-    assert boom.sender.error.message() == "could not prepare the request: ValueError: template exploded"
+    message = boom.sender.error.message()
+    assert message.startswith("could not prepare the request (reference ") and "exploded" not in message
     check_matches([chat], reference.generate([PROMPTS[4]], max_new_tokens=16, chat=True))
     assert in_process.orchestrator.thread.is_alive()
+
+
+def test_a_failed_round_answers_its_requests_with_a_reference_and_the_model_goes_on(in_process, reference, monkeypatch):
+    """A round that raises: every request in it gets INTERNAL with a reference to the logged traceback (not the
+    exception's text, which may carry another request's data), and a fresh scheduler serves the next ones."""
+    orchestrator = in_process.orchestrator
+    logged = []
+    monkeypatch.setattr(orchestrator, "log", logged.append)
+    step = type(orchestrator.scheduler).step
+
+    def exploding(self):
+        raise RuntimeError("secret \x1b[31m of another request")
+
+    monkeypatch.setattr(type(orchestrator.scheduler), "step", exploding)
+    doomed = [request(p, max_tokens=8) for p in PROMPTS[:3]]
+    in_process.execute(doomed)
+    wait(doomed)
+    monkeypatch.setattr(type(orchestrator.scheduler), "step", step)
+    for r in doomed:
+        assert r.sender.error.code() == "INTERNAL"
+        message = r.sender.error.message()
+        assert "reference " in message and "secret" not in message
+    reference_id = doomed[0].sender.error.message().split("reference ")[1].split(" ")[0]
+    assert any(reference_id in line and "secret \\x1b[31m" in line for line in logged)  # escaped in the log
+    after = request(PROMPTS[4], max_tokens=8)
+    in_process.execute([after])
+    wait([after])
+    check_matches([after], reference.generate([PROMPTS[4]], max_new_tokens=8))

@@ -9,12 +9,12 @@ finish reason, token counts and its speculation statistics.
 """
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, field
 
 from ..errors import SpeccError
 from ..runtime.model import SpecModel
 from ..runtime.engine_thread import EngineThread
+from ..runtime.rules import fault_log
 from ..runtime.scheduler import StreamEvent
 from ..runtime.state import Request
 from .interface import GenerationRequest, parse_request, response_tensors
@@ -74,8 +74,10 @@ class Orchestrator(EngineThread):
                 self._fail(sender, str(exc), self.pb.TritonError.INVALID_ARG)
                 continue
             except Exception as exc:  # e.g. a chat template that fails on this prompt
-                self.log(f"specc: could not prepare a request:\n{traceback.format_exc()}")
-                self._fail(sender, f"could not prepare the request: {type(exc).__name__}: {exc}", self.pb.TritonError.INTERNAL)
+                reference, line = fault_log("specc: could not prepare a request", exc)
+                self.log(line)
+                self._fail(sender, f"could not prepare the request (reference {reference} in the server's log)",
+                           self.pb.TritonError.INTERNAL)
                 continue
             self.live[seq.index] = _Live(sender, seq, parsed.stream, requested)
             self.scheduler.submit(seq)
@@ -131,10 +133,14 @@ class Orchestrator(EngineThread):
 
     def abort(self, exc: Exception) -> None:
         """An unexpected failure in the engine thread: answer every request in flight with the error
-        and start a fresh Scheduler (the old batch's state cannot be trusted)."""
-        self.log(f"specc: speculative round failed:\n{traceback.format_exc()}")
+        and start a fresh Scheduler (the old batch's state cannot be trusted). Clients get a reference to
+        the logged traceback, not the exception's text, which may show internals or another request's data."""
+        reference, line = fault_log("specc: a speculative round failed", exc)
+        self.log(line)
+        message = (f"the speculative engine failed on the batch this request ran in (reference {reference} in the "
+                   "server's log); retry the request")
         for live in self.live.values():
-            self._fail(live.sender, f"the speculative engine failed: {type(exc).__name__}: {exc}", self.pb.TritonError.INTERNAL)
+            self._fail(live.sender, message, self.pb.TritonError.INTERNAL)
         self.live.clear()
         self.restart()
 

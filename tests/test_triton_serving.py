@@ -197,6 +197,30 @@ def test_engine_failure_fails_the_batch_and_the_model_recovers(split, reference)
     check_matches(again, reference.generate([PROMPTS[0]], max_new_tokens=8))
 
 
+def test_an_engine_that_raises_answers_with_a_reference_to_its_logged_traceback(split, reference):
+    engine = triton_fakes.MODELS["spec_target"]
+    runner = engine.runner
+
+    def broken(*inputs):
+        raise RuntimeError("secret of another request")
+
+    engine.runner = broken
+    doomed = [request(p, max_tokens=8) for p in PROMPTS[:2]]
+    split.execute(doomed)
+    wait(doomed)
+    engine.runner = runner
+    assert all(r.sender.error.code() == "INTERNAL" and "secret" not in r.sender.error.message() for r in doomed)
+    engine_lines = [m for m in triton_fakes.LOG if m.startswith("specc: engine 'target' failed (reference ")]
+    assert engine_lines and "secret of another request" in engine_lines[0]
+    # the orchestrator's own log line carries the engine's answer: its reference, not its text
+    engine_ref = engine_lines[0].split("reference ")[1].split(")")[0]
+    assert any("a speculative round failed" in m and engine_ref in m for m in triton_fakes.LOG)
+    again = [request(PROMPTS[0], max_tokens=8)]
+    split.execute(again)
+    wait(again)
+    check_matches(again, reference.generate([PROMPTS[0]], max_new_tokens=8))
+
+
 def test_finalize_answers_every_open_request(bundles, tmp_path):
     from specc.triton.serving import InProcessModel
 

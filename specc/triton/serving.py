@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, open_bundle, read_manifest
+from ..errors import SpeccError
 from ..onnx_passes.feed_cache_by_layer import CACHE_INPUTS, by_layer
 from ..runtime.graphs import open_runner
 from ..runtime.model import SpecModel, load
+from ..runtime.rules import fault_log
 from .orchestrator import Orchestrator
 from .repository import BUNDLE_DIR
 
@@ -132,7 +134,7 @@ class EngineModel:
         self.pb = _pb()
         params, version_dir = _setup(args)
         bundle_dir = version_dir / params.get("bundle", BUNDLE_DIR)
-        role = params["role"]
+        self.role = role = params["role"]
         entry = read_manifest(bundle_dir).graph(role)
         bundle = open_partial_bundle(bundle_dir, (entry.dir + "/",), params)
         self.runner = open_runner(bundle, role)
@@ -149,8 +151,13 @@ class EngineModel:
             inputs = [_from_pb(pb.get_input_tensor_by_name(request, n), self.device) for n in self.input_names]
             outputs = self.runner(*inputs)
             return pb.InferenceResponse(output_tensors=[_to_pb(pb, n, t) for n, t in zip(self.output_names, outputs)])
-        except Exception as exc:
-            return pb.InferenceResponse(error=pb.TritonError(f"{type(exc).__name__}: {exc}"))
+        except SpeccError as exc:  # the request's tensors are at fault: the caller reads why
+            return pb.InferenceResponse(error=pb.TritonError(str(exc)))
+        except Exception as exc:  # the traceback goes to the log, the caller gets its reference
+            reference, line = fault_log(f"specc: engine {self.role!r} failed", exc)
+            pb.Logger.log_error(line)
+            return pb.InferenceResponse(error=pb.TritonError(f"engine {self.role!r} failed (reference {reference} in "
+                                                             "the server's log)"))
 
 
 def _to_pb(pb, name: str, t: torch.Tensor):

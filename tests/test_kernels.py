@@ -48,6 +48,19 @@ def test_every_isa_gives_the_scalar_references_bits(n, k, form):
             assert np.array_equal(kernels.gemm(x, w, isa, threads), reference), (isa, threads)
 
 
+@pytest.mark.parametrize("n,k", [(520, 2400), (136, 8000)])
+def test_panels_claimed_by_whichever_thread_is_free_have_the_references_bits(n, k):
+    """Past each thread's even share, the last panels go to whichever thread is free, a claim at a time (one panel of
+    a wide K, two, a partial last panel): every row still has the reference's bits."""
+    w = pack_int4(_weights(n, k, "offsets"))
+    for m in (1, 3, 9):
+        x = _activations(m, k)
+        reference = kernels.gemm(x, w, "scalar")
+        for isa in kernels.supported_isas():
+            for threads in (2, 3):
+                assert np.array_equal(kernels.gemm(x, w, isa, threads), reference), (isa, m, threads)
+
+
 def test_an_output_written_around_the_caches_has_the_references_bits():
     """A prefill chunk's output through a wide layer (2 MB and more) is written with non-temporal stores."""
     w = pack_int4(_weights(8192, 64, "offsets"))

@@ -2,6 +2,7 @@
 #include "q4gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -96,16 +97,39 @@ inline void store_fence() {
 #endif
 }
 
+// Panels of a product claimed a few at a time by whichever thread is free, after each thread's even share of the
+// rest: threads that run at different speeds (the memory, the hypervisor) end within one claim of each other.
+constexpr int64_t kClaimedShare = 8;       // one panel in this many is claimed
+constexpr int64_t kClaimBytes = 64 << 10;  // a claim's weights, within a group of panels
+
 // The product of every row with the whole weight, on the pool, into z (row stride ldz); streamed where z is large
-// and on a line boundary.
+// and on a line boundary. A thread claims its next panels before it multiplies the ones in hand, whose kernel
+// prefetches them meanwhile.
 void multiply(PanelKernel kernel, const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int threads,
               float* z, int64_t ldz) {
   const int64_t panels = l.panels();
   const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, panels)));
   const bool stream = m * ldz * static_cast<int64_t>(sizeof(float)) >= kStreamBytes &&
                       reinterpret_cast<uintptr_t>(z) % 64 == 0 && ldz % kPanel == 0;
+  // (two panels at least where the kernels multiply two at a time: more than one row)
+  const int64_t unit = std::clamp<int64_t>(kClaimBytes / l.panel_bytes(), m > 1 ? 2 : 1, kGroup);
+  const int64_t shared = tasks > 1 ? panels / kClaimedShare / unit * unit : 0, even = panels - shared;
+  std::atomic<int64_t> next{even};
+  auto claim = [&]() -> int64_t {  // the first panel of a unit nobody has taken, or -1
+    const int64_t p = next.fetch_add(unit, std::memory_order_relaxed);
+    return p < panels ? p : -1;
+  };
+  auto bytes_of = [&](int64_t p) {
+    return p < 0 ? Window{} : Window{w + p * l.panel_bytes(), (std::min(p + unit, panels) - p) * l.panel_bytes()};
+  };
   shared_pool().run(tasks, [&](int i) {
-    kernel(a, m, w, l, panels * i / tasks, panels * (i + 1) / tasks, z, ldz, stream);
+    int64_t p = shared > 0 ? claim() : -1;
+    kernel(a, m, w, l, even * i / tasks, even * (i + 1) / tasks, z, ldz, stream, bytes_of(p));
+    while (p >= 0) {
+      const int64_t at = p;
+      p = claim();
+      kernel(a, m, w, l, at, std::min(at + unit, panels), z, ldz, stream, bytes_of(p));
+    }
   });
 }
 
@@ -136,8 +160,8 @@ void gated(Isa isa, const QuantizedRows& a, int64_t m, const uint8_t* w, const Q
     for (int64_t p = pairs * i / tasks; p < p1; p += kGluTile) {
       Q4Layout part = l;  // the tile's gate (or up) panels as a layer of their own
       part.n = std::min(kGluTile, p1 - p) * kPanel;
-      kernel(a, m, w + p * l.panel_bytes(), part, 0, part.panels(), tile.data(), ldt, false);
-      kernel(a, m, w + (pairs + p) * l.panel_bytes(), part, 0, part.panels(), tile.data() + part.n, ldt, false);
+      kernel(a, m, w + p * l.panel_bytes(), part, 0, part.panels(), tile.data(), ldt, false, Window{});
+      kernel(a, m, w + (pairs + p) * l.panel_bytes(), part, 0, part.panels(), tile.data() + part.n, ldt, false, Window{});
       for (int64_t r = 0; r < m; ++r)
         gate(tile.data() + r * ldt, tile.data() + r * ldt + part.n, y + r * half + p * kPanel, part.n, stream);
     }

@@ -57,19 +57,47 @@ const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);
 Isa best_isa();
 
+// Software prefetch of the weights a kernel reads next. The rows of a pass multiply a group of panels while the group
+// after it is fetched: each block step prefetches its share of that group, so the weights stream from memory at the
+// pace the arithmetic uses them.
+constexpr int64_t kGroup = 4;  // panels whose weights stay in cache while every row of the pass multiplies them
+
+struct Window {
+  const uint8_t* begin = nullptr;
+  int64_t bytes = 0;
+  // The i-th of `parts` equal shares.
+  Window part(int64_t i, int64_t parts) const {
+    const int64_t lo = bytes * i / parts, hi = bytes * (i + 1) / parts;
+    return begin ? Window{begin + lo, hi - lo} : Window{};
+  }
+  // Prefetch the b-th of `steps` equal shares, whole cache lines.
+  void prefetch(int64_t b, int64_t steps) const {
+    if (begin == nullptr) return;
+    for (int64_t at = (bytes * b / steps) & ~int64_t{63}, end = bytes * (b + 1) / steps; at < end; at += 64)
+      __builtin_prefetch(begin + at, 0, 3);
+  }
+};
+
+// The bytes of the group of panels starting at panel p (before p1), or none.
+inline Window panel_group(const uint8_t* w, const Q4Layout& l, int64_t p, int64_t p1) {
+  if (p >= p1) return {};
+  return {w + p * l.panel_bytes(), (p + kGroup < p1 ? kGroup : p1 - p) * l.panel_bytes()};
+}
+
 // y[0..m) x columns of panels [p0, p1): y has row stride ldy; columns past n are not written. stream: write y's whole
 // lines around the caches (non-temporal stores; y and ldy then 64-byte aligned), for outputs larger than the caches.
+// after: the weights the calling thread multiplies next, prefetched while the range's last group is multiplied.
 using PanelKernel = void (*)(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
-                             int64_t p1, float* y, int64_t ldy, bool stream);
+                             int64_t p1, float* y, int64_t ldy, bool stream, Window after);
 
 void gemm_panels_scalar(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t,
-                        bool);
+                        bool, Window);
 void gemm_panels_avx2(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*, int64_t,
-                      bool);
+                      bool, Window);
 void gemm_panels_avxvnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*,
-                         int64_t, bool);
+                         int64_t, bool, Window);
 void gemm_panels_avx512vnni(const QuantizedRows&, int64_t, const uint8_t*, const Q4Layout&, int64_t, int64_t, float*,
-                            int64_t, bool);
+                            int64_t, bool, Window);
 
 // Activation quantiser (the same bits on every ISA): rows [m0, m1) of x [*, k] into q, d and dsum as QuantizedRows
 // lays them out.

@@ -30,8 +30,8 @@ struct DotAvx2 {
 }  // namespace
 
 void gemm_panels_avx2(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0, int64_t p1,
-                      float* y, int64_t ldy, bool stream) {
-  panels<DotAvx2>(a, m, w, l, p0, p1, y, ldy, stream);
+                      float* y, int64_t ldy, bool stream, Window after) {
+  panels<DotAvx2>(a, m, w, l, p0, p1, y, ldy, stream, after);
 }
 
 #pragma GCC pop_options

@@ -26,8 +26,6 @@ inline __m512 half16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-#include "q4gemm_prefetch.inc"
-
 // Rows [r0, r0 + MR) times NC consecutive panels from `panel` (columns from n0). Up to six rows of two panels keep
 // the block dots and the superblock partials in registers. Block by block it also prefetches an even share of
 // `ahead` (the bytes the next call will read from memory), so that the loads meet the cache and the
@@ -132,11 +130,11 @@ inline int64_t chunk_rows(int64_t left) {
 }  // namespace
 
 void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
-                            int64_t p1, float* y, int64_t ldy, bool stream) {
+                            int64_t p1, float* y, int64_t ldy, bool stream, Window after) {
   for (int64_t p = p0; p < p1; p += kGroup) {
     const int64_t g = std::min(kGroup, p1 - p), n0 = p * kPanel;
     const uint8_t* panel = w + p * l.panel_bytes();
-    const Window next = next_group(w, l, p + g, p1);
+    const Window next = p + g < p1 ? panel_group(w, l, p + g, p1) : after;
     // every chunk of rows prefetches its share of the next group: memory stays busy while the later chunks
     // multiply the group from the caches
     const int64_t chunks = (m + kMaxRows - 1) / kMaxRows;

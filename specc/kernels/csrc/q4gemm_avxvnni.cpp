@@ -27,8 +27,8 @@ struct DotAvxVnni {
 }  // namespace
 
 void gemm_panels_avxvnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
-                         int64_t p1, float* y, int64_t ldy, bool stream) {
-  panels<DotAvxVnni>(a, m, w, l, p0, p1, y, ldy, stream);
+                         int64_t p1, float* y, int64_t ldy, bool stream, Window after) {
+  panels<DotAvxVnni>(a, m, w, l, p0, p1, y, ldy, stream, after);
 }
 
 #pragma GCC pop_options

@@ -61,7 +61,7 @@ inline int weight_q(const uint8_t* nibbles, int c, int i) {
 }  // namespace
 
 void gemm_panels_scalar(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0, int64_t p1,
-                        float* y, int64_t ldy, bool /*stream*/) {
+                        float* y, int64_t ldy, bool /*stream*/, Window /*after*/) {
   const int64_t nb = l.blocks();
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* panel = w + p * l.panel_bytes();

@@ -284,4 +284,5 @@ def test_kernel_table_states_the_pass_against_the_copy_bandwidth_beside_it():
     llama = {"pairs": pairs, "median_share": 0.75, "min_share": 0.7, "max_share": 0.9, "binary": "llama-bench",
              "gguf": "q.gguf", "weight_bytes": 980e6}
     wall = {"pairs": pairs, "median_share": 0.8, "min_share": 0.7, "max_share": 0.9, "llamacpp": llama}
-    assert "q.gguf, 980 MB of weights a token), taking turns with it: 75% (70% to 90%)" in results.kernel_table({**run, "wall": wall})
+    text = results.kernel_table({**run, "wall": wall})
+    assert "q.gguf, 980 MB of weights a token), taking turns with it: 75% (70% to 90%)" in text

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "q4gemm.h"
 
@@ -121,37 +122,16 @@ void group_rows(const QuantizedRows& a, int64_t r0, const uint8_t* panel, int64_
 
 constexpr int64_t kMaxRows = 6;  // rows a chunk multiplies at once: the registers' limit
 
-// Rows of the next chunk when `left` remain: at most kMaxRows, chunks as even as possible.
-inline int64_t chunk_rows(int64_t left) {
-  const int64_t chunks = (left + kMaxRows - 1) / kMaxRows;
-  return (left + chunks - 1) / chunks;
-}
+#include "q4gemm_panels.inc"
 
 }  // namespace
 
 void gemm_panels_avx512vnni(const QuantizedRows& a, int64_t m, const uint8_t* w, const Q4Layout& l, int64_t p0,
                             int64_t p1, float* y, int64_t ldy, bool stream, Window after) {
-  for (int64_t p = p0; p < p1; p += kGroup) {
-    const int64_t g = std::min(kGroup, p1 - p), n0 = p * kPanel;
-    const uint8_t* panel = w + p * l.panel_bytes();
-    const Window next = p + g < p1 ? panel_group(w, l, p + g, p1) : after;
-    // every chunk of rows prefetches its share of the next group: memory stays busy while the later chunks
-    // multiply the group from the caches
-    const int64_t chunks = (m + kMaxRows - 1) / kMaxRows;
-    for (int64_t r = 0, i = 0; r < m; ++i) {
-      const int64_t rows = chunk_rows(m - r);
-      const Window ahead = next.part(i, chunks);
-      switch (rows) {
-        case 6: group_rows<6>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-        case 5: group_rows<5>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-        case 4: group_rows<4>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-        case 3: group_rows<3>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-        case 2: group_rows<2>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-        default: group_rows<1>(a, r, panel, g, l, y, ldy, stream, n0, ahead); break;
-      }
-      r += rows;
-    }
-  }
+  panel_groups<kMaxRows>(m, w, l, p0, p1, after,
+                         [&](auto mr, int64_t r0, const uint8_t* panel, int64_t g, int64_t n0, Window ahead) {
+                           group_rows<decltype(mr)::value>(a, r0, panel, g, l, y, ldy, stream, n0, ahead);
+                         });
   if (stream) _mm_sfence();  // the streamed lines reach memory before whoever reads y next
 }
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import subprocess
 import datetime
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -231,7 +231,10 @@ def llama_decode_ms(binary: Path, gguf: Path, threads: int, depth: int):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise SystemExit(f"llama-bench failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        return 1e3 / json.loads(done.stdout)[0]["avg_ts"]
+        try:
+            return 1e3 / json.loads(done.stdout)[0]["avg_ts"]
+        except (ValueError, LookupError, TypeError, ZeroDivisionError):
+            raise SystemExit(f"llama-bench printed no decoding speed (-o json): {done.stdout.strip()[-500:]!r}") from None
     return ms
 
 
@@ -247,6 +250,7 @@ def wall_pairs(decode_ms, weight_bytes: int, pairs: int) -> dict:
 
 
 def summarise_wall(pairs: list[dict], weight_bytes: int) -> dict:
+    """The pairs with the median, lowest and highest share of the wall."""
     shares = sorted(p["share"] for p in pairs)
     return {"pairs": pairs, "weight_bytes": weight_bytes, "median_share": statistics.median(shares),
             "min_share": shares[0], "max_share": shares[-1]}
@@ -301,12 +305,13 @@ def main(argv=None) -> int:
 
             llama_ms = llama_decode_ms(args.llama_bench, args.gguf, threads, args.cache)
             llama_bytes = gguf_weight_bytes(args.gguf)
-            wall, llama = {"pairs": []}, {"pairs": []}
+            specc_pairs, llama_pairs = [], []
             for _ in range(args.wall_pairs):  # the two take turns, so that drift meets both alike
-                wall["pairs"] += wall_pairs(specc_ms, int4_bytes, 1)["pairs"]
-                llama["pairs"] += wall_pairs(llama_ms, llama_bytes, 1)["pairs"]
-            wall, llama = (summarise_wall(w["pairs"], b) for w, b in ((wall, int4_bytes), (llama, llama_bytes)))
-            wall["llamacpp"] = {**llama, "binary": args.llama_bench.name, "gguf": args.gguf.name}
+                specc_pairs += wall_pairs(specc_ms, int4_bytes, 1)["pairs"]
+                llama_pairs += wall_pairs(llama_ms, llama_bytes, 1)["pairs"]
+            wall = summarise_wall(specc_pairs, int4_bytes)
+            wall["llamacpp"] = {**summarise_wall(llama_pairs, llama_bytes), "binary": args.llama_bench.name,
+                                "gguf": args.gguf.name}
         else:
             wall = wall_pairs(specc_ms, int4_bytes, args.wall_pairs)
     peaks = {isa: kernels.dot_peak(isa, threads) for isa in kernels.supported_isas() if isa != "scalar"}

@@ -119,9 +119,7 @@ void multiply(PanelKernel kernel, const QuantizedRows& a, int64_t m, const uint8
     const int64_t p = next.fetch_add(unit, std::memory_order_relaxed);
     return p < panels ? p : -1;
   };
-  auto bytes_of = [&](int64_t p) {
-    return p < 0 ? Window{} : Window{w + p * l.panel_bytes(), (std::min(p + unit, panels) - p) * l.panel_bytes()};
-  };
+  auto bytes_of = [&](int64_t p) { return p < 0 ? Window{} : panel_span(w, l, p, std::min(p + unit, panels)); };
   shared_pool().run(tasks, [&](int i) {
     int64_t p = shared > 0 ? claim() : -1;
     kernel(a, m, w, l, even * i / tasks, even * (i + 1) / tasks, z, ldz, stream, bytes_of(p));

@@ -78,10 +78,10 @@ struct Window {
   }
 };
 
-// The bytes of the group of panels starting at panel p (before p1), or none.
-inline Window panel_group(const uint8_t* w, const Q4Layout& l, int64_t p, int64_t p1) {
-  if (p >= p1) return {};
-  return {w + p * l.panel_bytes(), (p + kGroup < p1 ? kGroup : p1 - p) * l.panel_bytes()};
+// The bytes of panels [p0, p1), or none.
+inline Window panel_span(const uint8_t* w, const Q4Layout& l, int64_t p0, int64_t p1) {
+  if (p0 >= p1) return {};
+  return {w + p0 * l.panel_bytes(), (p1 - p0) * l.panel_bytes()};
 }
 
 // y[0..m) x columns of panels [p0, p1): y has row stride ldy; columns past n are not written. stream: write y's whole
